@@ -1,0 +1,139 @@
+//! `apron-agent`: the node agent.
+//!
+//! Data flow, left to right:
+//!
+//! ```text
+//!  GpuSource (nvml | sim) ──► one Sampler per field group, each on its own thread and interval
+//!        │                          │ Readings (value + the time it describes)
+//!        │                          ▼
+//!  Attributor (procfs, Slurm,   Aggregator: epoch-aligned windows (default 1 s),
+//!  kubelet pod-resources)       mean/min/max/last per field, busy time integrated
+//!        │                          │ closed GpuWindow rows
+//!        └──── processes ──────────►▼
+//!                              AgentState ──► /metrics (OpenMetrics, scrape-time encoding)
+//!                                   └───────► sinks (JSON lines today; the collector later)
+//! ```
+//!
+//! - [`config`]: TOML file + overrides → [`config::AgentConfig`].
+//! - [`source`]: the [`source::GpuSource`] trait and its two implementations.
+//! - [`sampler`]: the [`sampler::Sampler`] seam and the field groups.
+//! - [`window`]: readings → windows.
+//! - [`exposition`]: the metric families.
+//! - [`runtime`]: sampler threads and the aggregation loop.
+//! - [`server`]: `GET /metrics`, `GET /healthz`.
+//! - [`attribution`]: PID → container, pod, Slurm job, user.
+//!
+//! The library never reads the environment; `main.rs` does, and calls [`run`].
+
+pub mod attribution;
+pub mod config;
+pub mod exposition;
+pub mod runtime;
+pub mod sampler;
+pub mod selfstats;
+pub mod server;
+pub mod source;
+pub mod window;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apron_common::UnixMicros;
+
+use crate::attribution::{Attributor, RealHost};
+use crate::config::{AgentConfig, SourceKind};
+use crate::exposition::{AgentState, SharedState};
+use crate::runtime::{Aggregation, JsonLinesSink, Stop, WindowSink};
+use crate::sampler::FieldGroup;
+use crate::source::GpuSource;
+use crate::window::Aggregator;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Nvml(#[from] source::nvml::NvmlSourceError),
+    #[error(transparent)]
+    Sim(#[from] source::sim::SimError),
+    #[error("cannot open the windows file {path}: {source}")]
+    WindowsOut { path: std::path::PathBuf, source: std::io::Error },
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Opens the configured GPU source: NVML or the simulator.
+pub fn open_source(config: &AgentConfig) -> Result<Box<dyn GpuSource>, AgentError> {
+    Ok(match config.source {
+        SourceKind::Nvml => Box::new(source::nvml::NvmlSource::open(
+            config.nvml_lib.as_deref(),
+            &config.hostname,
+            config.cluster.as_ref(),
+        )?),
+        SourceKind::Sim => Box::new(source::sim::SimSource::new(&config.sim, config.cluster.clone())?),
+    })
+}
+
+/// How long a window stays open after its end for readings that arrive late: driver
+/// sample buffers are read up to one utilisation interval after the fact.
+fn lateness(config: &AgentConfig) -> Duration {
+    let util = config.intervals.get(&FieldGroup::Utilization).copied().unwrap_or(Duration::from_millis(100));
+    (util * 2).max(Duration::from_millis(250)).min(config.window)
+}
+
+/// Runs the agent until `shutdown` resolves: samplers, windows, and the HTTP server on
+/// `listener`.
+pub async fn run(
+    config: AgentConfig,
+    source: Box<dyn GpuSource>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AgentError> {
+    let inventory = source.inventory().to_vec();
+    let host_view = source.host_view().unwrap_or_else(|| Box::new(RealHost::new(&config.attribution)));
+    let attribution = Arc::new(Attributor::new(&config.attribution, host_view));
+    let state = SharedState::new(AgentState::new(source.kind(), source.driver_version(), &inventory));
+
+    let mut samplers = Vec::new();
+    for (&group, &interval) in &config.intervals {
+        if let Some(s) = source.sampler(group, &attribution) {
+            samplers.push((s, interval));
+        }
+    }
+    let mut sinks: Vec<Box<dyn WindowSink>> = Vec::new();
+    if let Some(path) = &config.windows_out {
+        let sink =
+            JsonLinesSink::create(path).map_err(|source| AgentError::WindowsOut { path: path.clone(), source })?;
+        sinks.push(Box::new(sink));
+    }
+    let aggregation = Aggregation {
+        aggregator: Aggregator::new(inventory.clone(), config.window, lateness(&config)).starting_at(UnixMicros::now()),
+        state: state.clone(),
+        attribution,
+        sinks,
+        intervals: config.intervals.iter().map(|(g, i)| (*g, *i)).collect(),
+    };
+    tracing::info!(
+        source = source.kind(),
+        gpus = inventory.len(),
+        driver = source.driver_version().as_deref().unwrap_or("-"),
+        window = %humantime::format_duration(config.window),
+        "sampling {}",
+        inventory.iter().map(|g| g.gpu_uuid.as_str()).collect::<Vec<_>>().join(", ")
+    );
+    let stop = Stop::default();
+    let handles = runtime::start(samplers, aggregation, stop.clone()).map_err(AgentError::Thread)?;
+
+    let served = server::serve(listener, state, shutdown).await;
+    stop.stop();
+    // Samplers finish their current call (bounded by NVML's own latency) and exit.
+    let joined = tokio::task::spawn_blocking(move || {
+        for h in handles {
+            let _ = h.join();
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(5), joined).await;
+    drop(source);
+    served.map_err(AgentError::Serve)
+}

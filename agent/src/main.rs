@@ -1,0 +1,117 @@
+//! `apron-agent`: parse config, open the GPU source, bind, run.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use apron_agent::config::{FileConfig, Overrides, SourceKind};
+use clap::Parser;
+
+/// Apron node agent: samples GPUs (NVML or a simulated fleet) and serves /metrics.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Config file (TOML). Flags and APRON_* environment variables override it.
+    #[arg(long, env = "APRON_CONFIG")]
+    config: Option<PathBuf>,
+    /// GPU source.
+    #[arg(long, env = "APRON_SOURCE", value_enum)]
+    source: Option<SourceKind>,
+    /// Path of libnvidia-ml.so to load (default: the loader's search path).
+    #[arg(long, env = "APRON_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// Address for /metrics and /healthz (port 0 picks a free port).
+    #[arg(long, env = "APRON_LISTEN")]
+    listen: Option<String>,
+    /// Collector URL to ship windows to.
+    #[arg(long, env = "APRON_COLLECTOR")]
+    collector: Option<String>,
+    /// Row window, e.g. 1s (per-sampler intervals are set in the file).
+    #[arg(long, env = "APRON_WINDOW")]
+    window: Option<String>,
+    /// Host name to report (default: this machine's).
+    #[arg(long, env = "APRON_HOSTNAME")]
+    hostname: Option<String>,
+    /// Append every closed window as a JSON line to this file.
+    #[arg(long, env = "APRON_WINDOWS_OUT")]
+    windows_out: Option<PathBuf>,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or apron_agent=debug.
+    #[arg(long, env = "APRON_LOG", default_value = "info")]
+    log: String,
+}
+
+fn machine_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("apron-agent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let overrides = Overrides {
+        source: args.source,
+        nvml_lib: args.nvml_lib,
+        listen: args.listen,
+        collector: args.collector,
+        window: args.window,
+        hostname: args.hostname,
+        windows_out: args.windows_out,
+    };
+    let config = file.resolve(overrides, &machine_hostname())?;
+    let source = apron_agent::open_source(&config)?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .thread_name("agent-http")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        tracing::info!("serving http://{addr}/metrics");
+        // A line on stdout that scripts and tests can wait for.
+        println!("listening on {addr}");
+        apron_agent::run(config, source, listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}

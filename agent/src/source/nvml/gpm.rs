@@ -1,0 +1,121 @@
+//! DCGM-style profiling fields through NVML GPM (Hopper and newer).
+//!
+//! GPM metrics are computed by the driver from two samples: each tick takes a new
+//! sample and asks for the metrics between it and the previous one, so each reading is
+//! the mean over the tick (≥ 100 ms apart: NVML's internal refresh rate). MIG instances
+//! are sampled through their parent with `nvmlGpmMigSampleGet`. Devices without GPM
+//! (Ampere and older) leave these fields NULL.
+
+use std::sync::Arc;
+
+use apron_common::{Field, UnixMicros};
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
+
+use super::{Guard, NvmlShared};
+use crate::sampler::{FieldGroup, Readings, Sampler, SamplerError};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// GPM metric → field and scale to base units (GPM reports utilisation in percent and
+/// bandwidth in MiB/s).
+const METRICS: &[(GpmMetricId, Field, f64)] = &[
+    (GpmMetricId::GraphicsUtil, Field::GrEngineActive, 0.01),
+    (GpmMetricId::SmUtil, Field::SmActive, 0.01),
+    (GpmMetricId::SmOccupancy, Field::SmOccupancy, 0.01),
+    (GpmMetricId::AnyTensorUtil, Field::TensorActive, 0.01),
+    (GpmMetricId::DramBwUtil, Field::DramActive, 0.01),
+    (GpmMetricId::Fp64Util, Field::Fp64Active, 0.01),
+    (GpmMetricId::Fp32Util, Field::Fp32Active, 0.01),
+    (GpmMetricId::Fp16Util, Field::Fp16Active, 0.01),
+    (GpmMetricId::PcieTxPerSec, Field::PcieTxBytesPerS, MIB),
+    (GpmMetricId::PcieRxPerSec, Field::PcieRxBytesPerS, MIB),
+    (GpmMetricId::NvlinkTotalTxPerSec, Field::NvlinkTxBytesPerS, MIB),
+    (GpmMetricId::NvlinkTotalRxPerSec, Field::NvlinkRxBytesPerS, MIB),
+];
+
+/// Less than this apart, the driver's counters have not refreshed.
+const MIN_SPACING_US: i64 = 100_000;
+
+pub struct GpmSampler {
+    shared: Arc<NvmlShared>,
+    guard: Guard,
+    previous: Vec<Option<(GpmSample<'static>, UnixMicros)>>,
+    ids: Vec<GpmMetricId>,
+    /// Support found missing at start, reported with the first tick.
+    startup_issues: Vec<crate::sampler::Issue>,
+}
+
+impl GpmSampler {
+    pub fn new(shared: Arc<NvmlShared>) -> Self {
+        let n = shared.gpus.len();
+        let mut guard = Guard::default();
+        let mut probe = Readings::default();
+        for (slot, gpu) in shared.slots() {
+            let device = gpu.mig_parent.as_ref().map_or(&gpu.device, |(p, _)| p);
+            let supported = guard.call(slot, "nvmlGpmQueryDeviceSupport", &mut probe, || device.gpm_support());
+            if supported == Some(false) {
+                // GPM needs Hopper or newer.
+                guard.record(
+                    slot,
+                    "nvmlGpmQueryDeviceSupport",
+                    &mut probe,
+                    &nvml_wrapper::error::NvmlError::NotSupported,
+                );
+            }
+        }
+        Self {
+            shared,
+            guard,
+            previous: (0..n).map(|_| None).collect(),
+            ids: METRICS.iter().map(|m| m.0).collect(),
+            startup_issues: probe.issues,
+        }
+    }
+}
+
+impl Sampler for GpmSampler {
+    fn group(&self) -> FieldGroup {
+        FieldGroup::Gpm
+    }
+
+    fn sample(&mut self, now: UnixMicros, out: &mut Readings) -> Result<(), SamplerError> {
+        let nvml = self.shared.nvml;
+        out.issues.append(&mut self.startup_issues);
+        for (slot, gpu) in self.shared.slots() {
+            if !self.guard.supported(slot, "nvmlGpmQueryDeviceSupport") {
+                continue;
+            }
+            let sample = match &gpu.mig_parent {
+                Some((parent, gi)) => self.guard.call(slot, "nvmlGpmMigSampleGet", out, || parent.gpm_mig_sample(*gi)),
+                None => self.guard.call(slot, "nvmlGpmSampleGet", out, || gpu.device.gpm_sample()),
+            };
+            let Some(sample) = sample else {
+                self.previous[slot] = None;
+                continue;
+            };
+            let Some((prev, prev_at)) = self.previous[slot].take() else {
+                self.previous[slot] = Some((sample, now));
+                continue;
+            };
+            if now.0 - prev_at.0 < MIN_SPACING_US {
+                // Too soon (a delayed tick); keep the older sample as the baseline.
+                self.previous[slot] = Some((prev, prev_at));
+                continue;
+            }
+            let ids = &self.ids;
+            if let Some(results) =
+                self.guard.call(slot, "nvmlGpmMetricsGet", out, || gpm_metrics_get(nvml, &prev, &sample, ids))
+            {
+                for (result, &(_, field, scale)) in results.into_iter().zip(METRICS) {
+                    // A metric the device lacks (e.g. NVLink on a PCIe card) stays NULL.
+                    if let Ok(r) = result {
+                        out.push(slot, field, r.value * scale, now);
+                    }
+                }
+            }
+            self.previous[slot] = Some((sample, now));
+        }
+        Ok(())
+    }
+}

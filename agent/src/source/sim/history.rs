@@ -1,0 +1,222 @@
+//! Backfill at full speed: `gpu_samples` rows and `gpu_processes` rows for any past span,
+//! built straight from the model.
+//!
+//! A window row holds exactly what the live agent's aggregator would have made of the
+//! samplers' readings: each field group is evaluated at the instants its sampler would
+//! have ticked (multiples of its interval inside `(end - window, end]`; 10 utilisation
+//! samples, 4 GPM samples and one of each other group per 1 s window by default), and
+//! the readings are folded into count/mean/min/max/last the same way. Nothing is
+//! allocated per reading; each row costs the `GpuWindow` itself.
+
+use std::time::Duration;
+
+use apron_common::{Field, FieldStats, GpuWindow, ProcessRow, UnixMicros};
+
+use super::fleet::{Fleet, SimProcess};
+use super::host::SimHost;
+use super::sampler::process_rows;
+use crate::attribution::Attributor;
+use crate::sampler::{FieldGroup, Readings};
+
+/// The groups that produce window fields (processes produce rows of their own).
+const WINDOW_GROUPS: [FieldGroup; 9] = [
+    FieldGroup::Utilization,
+    FieldGroup::Gpm,
+    FieldGroup::Memory,
+    FieldGroup::Power,
+    FieldGroup::Thermal,
+    FieldGroup::Clocks,
+    FieldGroup::Pcie,
+    FieldGroup::Nvlink,
+    FieldGroup::Health,
+];
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The first multiple of `step` strictly after `t`.
+fn first_after(t: i64, step: i64) -> i64 {
+    t.div_euclid(step).saturating_add(1).saturating_mul(step)
+}
+
+#[derive(Clone, Copy)]
+struct Acc {
+    count: u32,
+    sum: f64,
+    min: f64,
+    max: f64,
+    last: f64,
+}
+
+impl Acc {
+    const EMPTY: Acc = Acc { count: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY, last: 0.0 };
+
+    #[inline]
+    fn add(&mut self, v: f64) {
+        // Same order of operations as the agent's aggregator, so means match to the bit.
+        self.sum = if self.count == 0 { v } else { self.sum + v };
+        self.count += 1;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.last = v;
+    }
+}
+
+/// `gpu_samples` rows for every GPU and every window ending in `(start, end]`, oldest
+/// window first and GPUs in slot order within a window. See [`super::SimSource::history`].
+pub struct History<'a> {
+    fleet: &'a Fleet,
+    window: Duration,
+    window_us: i64,
+    next_end: i64,
+    last_end: i64,
+    slot: usize,
+    /// Per entry of `WINDOW_GROUPS`: sampling interval in µs; 0 = not sampled.
+    intervals: [i64; WINDOW_GROUPS.len()],
+}
+
+impl<'a> History<'a> {
+    pub(crate) fn new(fleet: &'a Fleet, start: UnixMicros, end: UnixMicros, window: Duration) -> Self {
+        let window_us = micros(window).max(1);
+        Self {
+            fleet,
+            window,
+            window_us,
+            next_end: first_after(start.0, window_us),
+            last_end: end.0,
+            slot: 0,
+            intervals: WINDOW_GROUPS.map(|g| micros(g.default_interval())),
+        }
+    }
+
+    /// Uses the agent's sampling plan instead of the default intervals: `interval(group)`
+    /// is the group's interval, `None` for a group that is not sampled.
+    pub fn intervals(mut self, interval: impl Fn(FieldGroup) -> Option<Duration>) -> Self {
+        for (i, g) in WINDOW_GROUPS.iter().enumerate() {
+            self.intervals[i] = interval(*g).map_or(0, |d| micros(d).max(1));
+        }
+        self
+    }
+
+    /// Windows still to come.
+    fn windows_left(&self) -> u64 {
+        if self.next_end > self.last_end { 0 } else { ((self.last_end - self.next_end) / self.window_us + 1) as u64 }
+    }
+
+    fn row(&self, slot: usize, end: i64) -> Option<GpuWindow> {
+        let gpu = self.fleet.inventory().get(slot)?;
+        let mut acc = [Acc::EMPTY; Field::COUNT];
+        let mut lost = false;
+        for (i, &group) in WINDOW_GROUPS.iter().enumerate() {
+            let every = self.intervals[i];
+            if every == 0 {
+                continue;
+            }
+            let mut t = first_after(end - self.window_us, every);
+            while t <= end {
+                let alive = self.fleet.sample(slot, group, t, &mut |f: Field, v: f64| acc[f.index()].add(v));
+                lost |= !alive;
+                t += every;
+            }
+        }
+        let mut row = GpuWindow::new(UnixMicros(end), self.window, gpu.clone());
+        row.lost = lost;
+        for (out, a) in row.fields.iter_mut().zip(acc.iter()) {
+            if a.count > 0 {
+                *out = Some(FieldStats {
+                    count: a.count,
+                    mean: a.sum / f64::from(a.count),
+                    min: a.min,
+                    max: a.max,
+                    last: a.last,
+                });
+            }
+        }
+        Some(row)
+    }
+}
+
+impl Iterator for History<'_> {
+    type Item = GpuWindow;
+
+    fn next(&mut self) -> Option<GpuWindow> {
+        let slots = self.fleet.inventory().len();
+        if slots == 0 || self.next_end > self.last_end {
+            return None;
+        }
+        let row = self.row(self.slot, self.next_end);
+        self.slot += 1;
+        if self.slot == slots {
+            self.slot = 0;
+            self.next_end = self.next_end.saturating_add(self.window_us);
+        }
+        row
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let slots = self.fleet.inventory().len() as u64;
+        let n = (self.windows_left() * slots).saturating_sub(self.slot as u64);
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        (n, Some(n))
+    }
+}
+
+/// `gpu_processes` rows at every multiple of `every` in `(start, end]`, attributed by an
+/// [`Attributor`] over `host`. See [`super::SimSource::process_history`].
+pub struct ProcessHistory<'a> {
+    fleet: &'a Fleet,
+    host: &'a SimHost,
+    attribution: &'a Attributor,
+    every: i64,
+    next: i64,
+    end: i64,
+    readings: Readings,
+    scratch: Vec<SimProcess>,
+    pending: std::vec::IntoIter<ProcessRow>,
+}
+
+impl<'a> ProcessHistory<'a> {
+    pub(crate) fn new(
+        fleet: &'a Fleet,
+        host: &'a SimHost,
+        attribution: &'a Attributor,
+        start: UnixMicros,
+        end: UnixMicros,
+        every: Duration,
+    ) -> Self {
+        let every = micros(every).max(1);
+        Self {
+            fleet,
+            host,
+            attribution,
+            every,
+            next: first_after(start.0, every),
+            end: end.0,
+            readings: Readings::default(),
+            scratch: Vec::new(),
+            pending: Vec::new().into_iter(),
+        }
+    }
+}
+
+impl Iterator for ProcessHistory<'_> {
+    type Item = ProcessRow;
+
+    fn next(&mut self) -> Option<ProcessRow> {
+        loop {
+            if let Some(row) = self.pending.next() {
+                return Some(row);
+            }
+            if self.next > self.end {
+                return None;
+            }
+            let t = UnixMicros(self.next);
+            self.next = self.next.saturating_add(self.every);
+            self.host.set_time(t);
+            self.readings.clear();
+            process_rows(self.fleet, self.attribution, t, &mut self.scratch, &mut self.readings);
+            self.pending = std::mem::take(&mut self.readings.processes).into_iter();
+        }
+    }
+}

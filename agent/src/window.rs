@@ -1,0 +1,268 @@
+//! Windows, not points: readings become one row per GPU per window.
+//!
+//! Every reading carries the time it describes. The [`Aggregator`] assigns it to the
+//! epoch-aligned window `(end - window, end]` that contains that time and keeps count,
+//! sum, min, max and last per field. A window closes once the clock has passed its end by
+//! the allowed lateness (driver sample buffers deliver readings a little after the fact);
+//! a reading for a window already closed is dropped and counted, never reopened, so a
+//! closed row is final.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use apron_common::{Field, FieldStats, GpuIdentity, GpuWindow, UnixMicros};
+
+use crate::sampler::{Readings, Slot};
+
+#[derive(Clone, Copy, Debug)]
+struct Acc {
+    count: u32,
+    sum: f64,
+    min: f64,
+    max: f64,
+    last: f64,
+    last_at: UnixMicros,
+}
+
+impl Acc {
+    fn new(value: f64, at: UnixMicros) -> Self {
+        Self { count: 1, sum: value, min: value, max: value, last: value, last_at: at }
+    }
+
+    fn add(&mut self, value: f64, at: UnixMicros) {
+        self.count += 1;
+        self.sum += value;
+        self.min = self.min.min(value);
+        self.max = self.max.max(value);
+        // Readings can arrive out of order across samplers; "last" is by time.
+        if at >= self.last_at {
+            self.last = value;
+            self.last_at = at;
+        }
+    }
+
+    fn stats(&self) -> FieldStats {
+        FieldStats {
+            count: self.count,
+            mean: self.sum / f64::from(self.count),
+            min: self.min,
+            max: self.max,
+            last: self.last,
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+struct SlotAcc {
+    fields: Vec<Option<Acc>>,
+    lost: bool,
+    touched: bool,
+}
+
+impl SlotAcc {
+    fn field(&mut self, f: Field) -> &mut Option<Acc> {
+        if self.fields.is_empty() {
+            self.fields = vec![None; Field::COUNT];
+        }
+        &mut self.fields[f.index()]
+    }
+}
+
+/// Turns readings into closed windows.
+pub struct Aggregator {
+    window: Duration,
+    lateness: Duration,
+    inventory: Vec<GpuIdentity>,
+    open: BTreeMap<UnixMicros, Vec<SlotAcc>>,
+    /// End of the newest closed window; readings at or before it are late.
+    closed_until: Option<UnixMicros>,
+    late_readings: u64,
+    /// Windows that began before this instant are only partly observed (the agent
+    /// started inside them); they are not emitted.
+    started: Option<UnixMicros>,
+}
+
+impl Aggregator {
+    pub fn new(inventory: Vec<GpuIdentity>, window: Duration, lateness: Duration) -> Self {
+        Self { window, lateness, inventory, open: BTreeMap::new(), closed_until: None, late_readings: 0, started: None }
+    }
+
+    /// Drops the partial window the agent starts in: a row always covers a whole window.
+    pub fn starting_at(mut self, started: UnixMicros) -> Self {
+        self.started = Some(started);
+        self
+    }
+
+    pub fn inventory(&self) -> &[GpuIdentity] {
+        &self.inventory
+    }
+
+    /// Readings that arrived for windows already closed, since start.
+    pub fn late_readings(&self) -> u64 {
+        self.late_readings
+    }
+
+    fn slot_acc(&mut self, end: UnixMicros, slot: Slot) -> Option<&mut SlotAcc> {
+        if slot >= self.inventory.len() {
+            return None;
+        }
+        let n = self.inventory.len();
+        let slots = self.open.entry(end).or_insert_with(|| vec![SlotAcc::default(); n]);
+        slots.get_mut(slot)
+    }
+
+    fn is_late(&self, end: UnixMicros) -> bool {
+        self.closed_until.is_some_and(|c| end <= c)
+    }
+
+    /// Adds one sampler tick's readings. `now` stamps lost-GPU reports.
+    pub fn add(&mut self, readings: &Readings, now: UnixMicros) {
+        for r in &readings.values {
+            let end = r.at.window_end(self.window);
+            if self.is_late(end) {
+                self.late_readings += 1;
+                continue;
+            }
+            if let Some(acc) = self.slot_acc(end, r.slot) {
+                acc.touched = true;
+                match acc.field(r.field) {
+                    Some(a) => a.add(r.value, r.at),
+                    slot @ None => *slot = Some(Acc::new(r.value, r.at)),
+                }
+            }
+        }
+        let end = now.window_end(self.window);
+        if !self.is_late(end) {
+            for &slot in &readings.lost {
+                if let Some(acc) = self.slot_acc(end, slot) {
+                    acc.lost = true;
+                    acc.touched = true;
+                }
+            }
+        }
+    }
+
+    /// When the oldest open window may close, if any is open.
+    pub fn next_close(&self) -> Option<UnixMicros> {
+        self.open.keys().next().map(|end| end.add(self.lateness))
+    }
+
+    /// Closes every window whose end plus lateness is at or before `now`, oldest first.
+    /// GPUs with no reading at all in a window produce no row.
+    pub fn close_due(&mut self, now: UnixMicros) -> Vec<GpuWindow> {
+        let mut out = Vec::new();
+        while let Some((&end, _)) = self.open.first_key_value() {
+            if end.add(self.lateness) > now {
+                break;
+            }
+            let Some((end, slots)) = self.open.pop_first() else { break };
+            self.closed_until = Some(self.closed_until.map_or(end, |c| c.max(end)));
+            if self.started.is_some_and(|s| end.sub(self.window) < s) {
+                continue;
+            }
+            for (slot, acc) in slots.into_iter().enumerate() {
+                if !acc.touched {
+                    continue;
+                }
+                let mut row = GpuWindow::new(end, self.window, self.inventory[slot].clone());
+                row.lost = acc.lost;
+                for (i, a) in acc.fields.iter().enumerate() {
+                    row.fields[i] = a.map(|a| a.stats());
+                }
+                out.push(row);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use apron_common::{GpuUuid, HostName};
+
+    use super::*;
+
+    fn gpu(i: u32) -> GpuIdentity {
+        GpuIdentity {
+            cluster: None,
+            host: HostName::new("h").expect("valid"),
+            gpu_uuid: GpuUuid::new(format!("GPU-{i}")).expect("valid"),
+            gpu_index: i,
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            pci_bus_id: "00000000:18:00.0".into(),
+            minor_number: Some(i),
+            parent_gpu_uuid: None,
+            mig_profile: None,
+            mig_gpu_instance_id: None,
+        }
+    }
+
+    const S: i64 = 1_000_000;
+
+    #[test]
+    fn readings_land_in_half_open_windows() {
+        let mut agg = Aggregator::new(vec![gpu(0)], Duration::from_secs(1), Duration::from_millis(200));
+        let mut r = Readings::default();
+        // (9, 10] gets 10.0 exactly; 10.000001 belongs to (10, 11].
+        r.push(0, Field::GpuUtil, 1.0, UnixMicros(10 * S));
+        r.push(0, Field::GpuUtil, 0.0, UnixMicros(9 * S + 500_000));
+        r.push(0, Field::GpuUtil, 0.5, UnixMicros(10 * S + 1));
+        agg.add(&r, UnixMicros(10 * S));
+        assert!(agg.close_due(UnixMicros(10 * S + 199_999)).is_empty());
+        let rows = agg.close_due(UnixMicros(10 * S + 200_000));
+        assert_eq!(rows.len(), 1);
+        let s = rows[0].get(Field::GpuUtil).copied().expect("has util");
+        assert_eq!(rows[0].time, UnixMicros(10 * S));
+        assert_eq!((s.count, s.mean, s.min, s.max, s.last), (2, 0.5, 0.0, 1.0, 1.0));
+        assert_eq!(rows[0].value(Field::PowerWatts), None, "no reading is NULL, not 0");
+    }
+
+    #[test]
+    fn late_readings_are_counted_not_reopened() {
+        let mut agg = Aggregator::new(vec![gpu(0)], Duration::from_secs(1), Duration::ZERO);
+        let mut r = Readings::default();
+        r.push(0, Field::PowerWatts, 100.0, UnixMicros(5 * S));
+        agg.add(&r, UnixMicros(5 * S));
+        assert_eq!(agg.close_due(UnixMicros(5 * S)).len(), 1);
+        agg.add(&r, UnixMicros(6 * S));
+        assert_eq!(agg.late_readings(), 1);
+        assert!(agg.close_due(UnixMicros(100 * S)).is_empty());
+    }
+
+    #[test]
+    fn lost_gpu_yields_a_row_without_values() {
+        let mut agg = Aggregator::new(vec![gpu(0), gpu(1)], Duration::from_secs(1), Duration::ZERO);
+        let mut r = Readings::default();
+        r.push(0, Field::PowerWatts, 100.0, UnixMicros(3 * S - 10));
+        r.lost(1);
+        agg.add(&r, UnixMicros(3 * S - 10));
+        let rows = agg.close_due(UnixMicros(3 * S));
+        assert_eq!(rows.len(), 2);
+        assert!(!rows[0].lost);
+        assert!(rows[1].lost && rows[1].fields.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn the_window_the_agent_starts_in_is_not_emitted() {
+        let mut agg =
+            Aggregator::new(vec![gpu(0)], Duration::from_secs(1), Duration::ZERO).starting_at(UnixMicros(S + 300_000));
+        let mut r = Readings::default();
+        r.push(0, Field::PowerWatts, 100.0, UnixMicros(S + 400_000));
+        r.push(0, Field::PowerWatts, 100.0, UnixMicros(2 * S + 400_000));
+        agg.add(&r, UnixMicros(2 * S + 400_000));
+        let rows = agg.close_due(UnixMicros(3 * S));
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].time, UnixMicros(3 * S));
+    }
+
+    #[test]
+    fn last_is_by_time_not_arrival() {
+        let mut agg = Aggregator::new(vec![gpu(0)], Duration::from_secs(1), Duration::ZERO);
+        let mut r = Readings::default();
+        r.push(0, Field::EnergyJoules, 20.0, UnixMicros(S - 100));
+        r.push(0, Field::EnergyJoules, 10.0, UnixMicros(S - 900_000));
+        agg.add(&r, UnixMicros(S));
+        let rows = agg.close_due(UnixMicros(S));
+        assert_eq!(rows[0].value(Field::EnergyJoules), Some(20.0));
+    }
+}

@@ -1,0 +1,467 @@
+//! End-to-end tests of the `apron-agent` binary.
+//!
+//! The NVML tests load the fake `libnvidia-ml.so` that the workspace builds
+//! (`tests/fake-nvml`), so the real NVML code path runs — nvml-wrapper, symbol loading,
+//! sample buffers, GPM deltas — against a scripted driver. Expectations are computed
+//! here, independently, from the same scenario numbers. Every server binds port 0 and
+//! readiness is polled; nothing sleeps for a fixed time to pass.
+//!
+//! External tools (Prometheus, promtool) are required: a missing tool fails the test.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_apron-agent");
+
+/// target/<profile>/ — the fake NVML library is built next to the agent binary.
+fn target_dir() -> PathBuf {
+    Path::new(AGENT).parent().expect("binary has a directory").to_path_buf()
+}
+
+fn fake_lib(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the fake NVML first (`cargo build -p apron-fake-nvml -p apron-fake-nvml-legacy`; `cargo test --workspace` does it)",
+        p.display()
+    );
+    p
+}
+
+fn tool(name: &str) -> PathBuf {
+    let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().expect("sh runs");
+    assert!(out.status.success(), "{name} is not installed: run scripts/install-test-tools.sh (tests never skip)");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A minimal HTTP/1.1 GET, enough for loopback tests.
+fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n").expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+struct Agent {
+    child: Child,
+    addr: SocketAddr,
+    stderr: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Starts the agent with `args` (plus `--listen 127.0.0.1:0`) and waits until it
+    /// serves.
+    fn start(args: &[&str], scenario: Option<&str>) -> Agent {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stderr = dir.path().join("stderr.log");
+        let mut cmd = Command::new(AGENT);
+        cmd.args(args).args(["--listen", "127.0.0.1:0", "--hostname", "test-node"]);
+        if let Some(s) = scenario {
+            let path = dir.path().join("scenario.toml");
+            std::fs::write(&path, s).expect("write scenario");
+            cmd.env("FAKE_NVML_SCENARIO", path);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("agent starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read stdout");
+        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+            let _ = child.kill();
+            panic!("agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+        };
+        Agent { child, addr, stderr, _dir: dir }
+    }
+
+    fn health(&self) -> Value {
+        let (status, body) = http_get(self.addr, "/healthz", None);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("healthz is JSON")
+    }
+
+    fn wait_windows(&self, n: u64) {
+        poll("closed windows", Duration::from_secs(30), || (self.health()["windows"].as_u64()? >= n).then_some(()));
+    }
+
+    fn metrics(&self) -> String {
+        let (status, body) = http_get(self.addr, "/metrics", None);
+        assert_eq!(status, 200);
+        body
+    }
+
+    fn stop(mut self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let status = poll("agent exit", Duration::from_secs(10), || self.child.try_wait().ok().flatten());
+        assert!(status.success(), "agent exited with {status}");
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Runs the agent to completion expecting failure; returns stderr.
+fn run_failing(args: &[&str], scenario: Option<&str>) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(AGENT);
+    cmd.args(args).args(["--listen", "127.0.0.1:0"]);
+    if let Some(s) = scenario {
+        let path = dir.path().join("scenario.toml");
+        std::fs::write(&path, s).expect("write");
+        cmd.env("FAKE_NVML_SCENARIO", path);
+    }
+    let out = cmd.output().expect("runs");
+    assert!(!out.status.success(), "expected failure; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Two H100s. GPU 0 runs a 2-second cycle: busy (100 % util, SM active 0.8, 400 W) for
+/// the first 500 ms, idle otherwise. GPU 1 runs steady light work: util 30 %, SM
+/// active 0.3. Memory is constant.
+const TWO_H100: &str = r#"
+driver_version = "570.172.08"
+
+[[gpus]]
+index = 0
+uuid = "GPU-00000000-0000-0000-0000-000000000000"
+name = "NVIDIA H100 80GB HBM3"
+pci_bus_id = "00000000:18:00.0"
+minor_number = 0
+architecture = "hopper"
+memory_total_mib = 81559
+power_limit_w = 700
+nvlink_links = 18
+idle = { gpu_util = 0, mem_util = 0, sm_active = 0, sm_occupancy = 0, tensor_active = 0, dram_active = 0, power_w = 100, fb_used_mib = 1000, temp_c = 35, sm_clock_mhz = 345 }
+profile = { period_ms = 2000, segments = [ { start_ms = 0, end_ms = 500, gpu_util = 100, mem_util = 40, sm_active = 0.8, sm_occupancy = 0.4, tensor_active = 0.5, dram_active = 0.3, power_w = 400, temp_c = 60, sm_clock_mhz = 1980 } ] }
+processes = [ { pid = 4242, name = "python", used_memory_mib = 900 } ]
+
+[[gpus]]
+index = 1
+uuid = "GPU-11111111-1111-1111-1111-111111111111"
+name = "NVIDIA H100 80GB HBM3"
+pci_bus_id = "00000000:2A:00.0"
+minor_number = 1
+architecture = "hopper"
+memory_total_mib = 81559
+power_limit_w = 700
+idle = { gpu_util = 30, mem_util = 10, sm_active = 0.3, sm_occupancy = 0.2, tensor_active = 0, dram_active = 0.1, power_w = 200, fb_used_mib = 20000, temp_c = 45 }
+"#;
+
+/// Busy fraction of GPU 0 in the window (end - 1 s, end]: the profile is busy on
+/// [0, 0.5) of every 2 s, so a window ending on an odd second holds the busy half.
+fn gpu0_busy_fraction(window_end_s: f64) -> f64 {
+    let phase = window_end_s.rem_euclid(2.0);
+    if (phase - 1.0).abs() < 1e-6 { 0.5 } else { 0.0 }
+}
+
+fn windows(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("windows file")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("window JSON"))
+        .collect()
+}
+
+fn field(w: &Value, name: &str, stat: &str) -> Option<f64> {
+    let idx = apron_common::Field::from_column(name).expect("known column").index();
+    w["fields"][idx].get(stat)?.as_f64()
+}
+
+#[test]
+fn nvml_windows_match_the_scenario() {
+    let lib = fake_lib("libnvidia_ml.so");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("windows.jsonl");
+    let agent = Agent::start(
+        &["--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8"), "--windows-out", out.to_str().expect("utf8")],
+        Some(TWO_H100),
+    );
+    agent.wait_windows(2 * 7);
+    let stderr = agent.stop();
+    let rows = windows(&out);
+    assert!(rows.len() >= 12, "{} rows\n{stderr}", rows.len());
+    let t0 = rows[0]["time"].as_i64().expect("time");
+
+    let mut checked = 0;
+    let (mut sm_sum, mut sm_n) = (0.0, 0);
+    for w in &rows {
+        let t = w["time"].as_i64().expect("time");
+        // The first complete window may still miss a 1 s sampler's first tick.
+        if t <= t0 {
+            continue;
+        }
+        let uuid = w["gpu"]["gpu_uuid"].as_str().expect("uuid");
+        let end_s = t as f64 / 1e6;
+        assert_eq!(w["window"].as_f64(), Some(1.0));
+        assert_eq!(field(w, "fb_total_bytes", "mean"), Some(81559.0 * 1048576.0));
+        if uuid.starts_with("GPU-0") {
+            let expect = gpu0_busy_fraction(end_s);
+            let util = field(w, "gpu_util", "mean").expect("gpu_util present");
+            assert!((util - expect).abs() <= 0.02, "window {end_s}: gpu_util {util}, expected {expect}");
+            let max = field(w, "gpu_util", "max").expect("max");
+            assert_eq!(max, if expect > 0.0 { 1.0 } else { 0.0 }, "window {end_s}");
+            assert_eq!(field(w, "fb_used_bytes", "mean"), Some(1000.0 * 1048576.0));
+            let p = field(w, "power_watts", "mean").expect("power");
+            assert!(p == 100.0 || p == 400.0, "power reads the profile at call time: {p}");
+            if let Some(s) = field(w, "sm_active", "mean") {
+                sm_sum += s;
+                sm_n += 1;
+            }
+            checked += 1;
+        } else {
+            let util = field(w, "gpu_util", "mean").expect("gpu_util");
+            assert!((util - 0.30).abs() < 1e-9, "steady 30 %: {util}");
+            let sm = field(w, "sm_active", "mean").expect("GPM sm_active on Hopper");
+            assert!((sm - 0.30).abs() < 1e-6, "steady SM activity: {sm}");
+            assert!((field(w, "tensor_active", "mean").expect("tensor") - 0.0).abs() < 1e-9);
+            assert_eq!(field(w, "gpu_temp_c", "mean"), Some(45.0));
+        }
+    }
+    assert!(checked >= 5, "checked {checked} windows");
+    // GPM readings are means over 250 ms ticks, not aligned to windows; over whole
+    // cycles they average to the profile's mean: 0.8 × 0.5 s / 2 s = 0.2.
+    let sm_mean = sm_sum / f64::from(sm_n);
+    assert!((sm_mean - 0.2).abs() < 0.06, "long-run SM activity {sm_mean} over {sm_n} windows");
+}
+
+#[test]
+fn metrics_follow_the_contract_and_pass_promtool() {
+    let promtool = tool("promtool");
+    let lib = fake_lib("libnvidia_ml.so");
+    let agent = Agent::start(&["--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8")], Some(TWO_H100));
+    agent.wait_windows(4);
+    poll("process metrics", Duration::from_secs(15), || {
+        agent.metrics().contains("apron_gpu_process_memory_bytes{").then_some(())
+    });
+    let text = agent.metrics();
+    assert!(text.contains(r#"DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-11111111-1111-1111-1111-111111111111",pci_bus_id="00000000:2A:00.0",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="test-node",DCGM_FI_DRIVER_VERSION="570.172.08"} 30"#), "{text}");
+    assert!(text.contains("DCGM_FI_DEV_FB_USED{"), "{text}");
+    assert!(text.contains("DCGM_FI_PROF_SM_ACTIVE{"), "{text}");
+    assert!(text.contains("# TYPE apron_gpu_busy_seconds_total counter"), "{text}");
+    assert!(text.contains(r#"pid="4242",process_name="python""#), "{text}");
+
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // dcgm-exporter's camelCase labels are flagged by design; nothing else may be.
+    let findings: Vec<&str> = report.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("DCGM_FI_")).collect();
+    assert!(findings.is_empty(), "promtool findings on native families:\n{report}");
+    assert!(!report.contains("error"), "{report}");
+
+    let (_, om) = http_get(agent.addr, "/metrics", Some("application/openmetrics-text;version=1.0.0"));
+    assert!(om.ends_with("# EOF\n"), "OpenMetrics when asked for it");
+}
+
+#[test]
+fn prometheus_scrapes_the_agent() {
+    let prometheus = tool("prometheus");
+    let lib = fake_lib("libnvidia_ml.so");
+    let agent = Agent::start(&["--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8")], Some(TWO_H100));
+    agent.wait_windows(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: apron-agent\n    static_configs:\n      - targets: ['{}']\n", agent.addr),
+    )
+    .expect("config");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+    let web = format!("127.0.0.1:{port}");
+    let mut prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prom.log")).expect("log"))
+        .spawn()
+        .expect("prometheus starts");
+    let addr: SocketAddr = web.parse().expect("addr");
+    let query = |q: &str| -> Option<Vec<Value>> {
+        let path = format!("/api/v1/query?query={}", urlencode(q));
+        let (status, body) = std::panic::catch_unwind(|| http_get(addr, &path, None)).ok()?;
+        if status != 200 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&body).ok()?;
+        let r = v["data"]["result"].as_array()?.clone();
+        (!r.is_empty()).then_some(r)
+    };
+    let util = poll("DCGM_FI_DEV_GPU_UTIL in Prometheus", Duration::from_secs(60), || query("DCGM_FI_DEV_GPU_UTIL"));
+    assert_eq!(util.len(), 2, "{util:?}");
+    // Enough scrapes to fill the 10 s range (rate divides by the range, so a range
+    // longer than the data would read low).
+    let gpu1 = r#"{gpu_uuid="GPU-11111111-1111-1111-1111-111111111111"}"#;
+    poll("15 scrapes", Duration::from_secs(90), || {
+        let r = query(&format!("count_over_time(apron_gpu_busy_seconds_total{gpu1}[1m])"))?;
+        let n: f64 = r[0]["value"][1].as_str()?.parse().ok()?;
+        (n >= 15.0).then_some(())
+    });
+    let rate = query(&format!("rate(apron_gpu_busy_seconds_total{gpu1}[10s])")).expect("rate answers");
+    let v: f64 = rate[0]["value"][1].as_str().and_then(|s| s.parse().ok()).expect("sample value");
+    // GPU 1 is 30 % busy at every instant, so the busy-seconds rate is 0.30 whatever
+    // the scrape alignment.
+    assert!((v - 0.30).abs() < 0.04, "rate {v}");
+    let _ = prom.kill();
+    let _ = prom.wait();
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn missing_library_is_one_clear_error() {
+    let err = run_failing(&["--source", "nvml", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"], None);
+    assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+    assert!(err.contains("apron-agent --source sim"), "{err}");
+    assert_eq!(err.trim().lines().filter(|l| l.starts_with("apron-agent:")).count(), 1, "{err}");
+}
+
+#[test]
+fn driver_init_failure_is_reported() {
+    let lib = fake_lib("libnvidia_ml.so");
+    let err = run_failing(
+        &["--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8")],
+        Some("init_error = \"DRIVER_NOT_LOADED\"\n"),
+    );
+    assert!(err.contains("nvmlInit failed"), "{err}");
+    assert!(err.contains("--source sim"), "{err}");
+}
+
+#[test]
+fn bad_config_names_the_key_and_the_range() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("agent.toml");
+    std::fs::write(&path, "[agent]\nsource = \"sim\"\n[samplers]\nutilisation = \"100ms\"\n").expect("write");
+    let err = run_failing(&["--config", path.to_str().expect("utf8")], None);
+    assert!(err.contains("utilisation") && err.contains("agent.toml"), "{err}");
+
+    std::fs::write(&path, "[agent]\nsource = \"sim\"\n[samplers]\ngpm = \"20ms\"\n").expect("write");
+    let err = run_failing(&["--config", path.to_str().expect("utf8")], None);
+    assert!(err.contains("samplers.gpm") && err.contains("20ms") && err.contains("between 110ms and 1h"), "{err}");
+
+    let err = run_failing(&["--source", "sim", "--window", "0s"], None);
+    assert!(err.contains("agent.window") && err.contains("between 100ms and 60s"), "{err}");
+}
+
+#[test]
+fn lost_gpu_is_reported_while_others_are_served() {
+    let lib = fake_lib("libnvidia_ml.so");
+    let scenario = TWO_H100.replacen("index = 1\n", "index = 1\nlost_after_s = 1.5\n", 1);
+    let agent = Agent::start(&["--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8")], Some(&scenario));
+    poll("GPU 1 lost", Duration::from_secs(20), || (agent.health()["lost_gpus"].as_u64()? == 1).then_some(()));
+    let windows_then = agent.health()["windows"].as_u64().expect("windows");
+    agent.wait_windows(windows_then + 4);
+    let text = agent.metrics();
+    assert!(text.contains(r#"apron_gpu_lost{gpu_uuid="GPU-11111111-1111-1111-1111-111111111111""#), "{text}");
+    let lost_line = text.lines().find(|l| l.starts_with("apron_gpu_lost{gpu_uuid=\"GPU-1111")).expect("lost line");
+    assert!(lost_line.ends_with(" 1") || lost_line.ends_with(" 1.0"), "{lost_line}");
+    assert!(text.contains(r#"DCGM_FI_DEV_GPU_UTIL{gpu="0""#), "GPU 0 still served:\n{text}");
+    assert!(!text.contains(r#"DCGM_FI_DEV_GPU_UTIL{gpu="1""#), "a lost GPU has no values");
+    let stderr = agent.stop();
+    assert!(stderr.contains("GPU is lost"), "{stderr}");
+}
+
+#[test]
+fn missing_symbols_and_unsupported_fields_leave_fields_null() {
+    // The legacy library lacks the GPM symbols and nvmlDeviceGetSamples, as drivers
+    // before R520 do; GPU 1 also answers NOT_SUPPORTED for power.
+    let lib = fake_lib("libnvidia_ml_legacy.so");
+    let scenario = TWO_H100.replacen("index = 1\n", "index = 1\nunsupported = [\"nvmlDeviceGetPowerUsage\"]\n", 1);
+    let agent = Agent::start(&["--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8")], Some(&scenario));
+    agent.wait_windows(6);
+    let text = agent.metrics();
+    // Utilisation falls back to the point read.
+    assert!(text.contains(r#"DCGM_FI_DEV_GPU_UTIL{gpu="1""#), "{text}");
+    assert!(!text.contains("DCGM_FI_PROF_SM_ACTIVE{"), "no GPM, no SM activity:\n{text}");
+    assert!(text.contains(r#"DCGM_FI_DEV_POWER_USAGE{gpu="0""#), "{text}");
+    assert!(!text.contains(r#"DCGM_FI_DEV_POWER_USAGE{gpu="1""#), "{text}");
+    assert!(
+        text.contains(
+            r#"apron_agent_unsupported{sampler="power",call="nvmlDeviceGetPowerUsage",gpu_uuid="GPU-11111111"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"apron_agent_unsupported{sampler="gpm""#), "{text}");
+    assert!(text.contains(r#"apron_agent_sampler_up{sampler="memory"} 1"#), "{text}");
+    let stderr = agent.stop();
+    assert_eq!(stderr.matches("nvmlDeviceGetPowerUsage").count(), 1, "reported once:\n{stderr}");
+}
+
+#[test]
+fn sim_source_serves_a_fleet_with_attribution() {
+    let agent = Agent::start(&["--source", "sim"], None);
+    agent.wait_windows(16);
+    poll("process metrics", Duration::from_secs(20), || {
+        agent.metrics().contains("apron_gpu_process_memory_bytes{").then_some(())
+    });
+    let text = agent.metrics();
+    assert!(text.contains("DCGM_FI_DEV_GPU_UTIL{"), "{text}");
+    assert!(text.contains(r#"apron_agent_build_info{version=""#) && text.contains(r#"source="sim""#), "{text}");
+    // Pods come from the simulator's pod-resources answers and cgroup paths, through
+    // the same attribution code as a real host.
+    assert!(text.lines().any(|l| l.starts_with("apron_gpu_process_memory_bytes{") && l.contains("pod=")), "{text}");
+}

@@ -1,0 +1,202 @@
+//! Identity and time newtypes.
+//!
+//! Strings that mean different things (a GPU UUID, a host name, a cluster name) get
+//! different types so that one can never be passed where another is expected.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Why an identity string was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdError {
+    #[error("{kind} must not be empty")]
+    Empty { kind: &'static str },
+    #[error("{kind} {value:?} is longer than {max} bytes")]
+    TooLong { kind: &'static str, value: String, max: usize },
+    #[error("{kind} {value:?} contains a control character")]
+    Control { kind: &'static str, value: String },
+}
+
+fn check(kind: &'static str, value: &str, max: usize) -> Result<(), IdError> {
+    if value.is_empty() {
+        return Err(IdError::Empty { kind });
+    }
+    if value.len() > max {
+        return Err(IdError::TooLong { kind, value: value.to_owned(), max });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(IdError::Control { kind, value: value.to_owned() });
+    }
+    Ok(())
+}
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates and wraps `value`.
+            pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+                let value = value.into();
+                check($kind, &value, $max)?;
+                Ok(Self(value))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = IdError;
+            fn try_from(value: String) -> Result<Self, IdError> {
+                Self::new(value)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+string_id!(
+    /// A GPU's or MIG instance's UUID as NVML reports it (`GPU-…` or `MIG-…`).
+    GpuUuid,
+    "GPU UUID",
+    96
+);
+string_id!(
+    /// The host a GPU is attached to.
+    HostName,
+    "host name",
+    253
+);
+string_id!(
+    /// The cluster a host belongs to (configuration, not discovered).
+    ClusterName,
+    "cluster name",
+    128
+);
+
+/// A point in time: microseconds since the Unix epoch, UTC.
+///
+/// Microseconds because that is both NVML's sample resolution and the contract's
+/// `Timestamp(µs, UTC)` column type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct UnixMicros(pub i64);
+
+impl UnixMicros {
+    pub const MICROS_PER_SECOND: i64 = 1_000_000;
+
+    /// The wall clock now. A clock before 1970 reads as the epoch rather than failing:
+    /// a broken clock must not stop sampling, and the collector flags skew.
+    pub fn now() -> Self {
+        Self::from_system_time(SystemTime::now())
+    }
+
+    pub fn from_system_time(t: SystemTime) -> Self {
+        let micros = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        Self(i64::try_from(micros).unwrap_or(i64::MAX))
+    }
+
+    pub fn from_secs_f64(secs: f64) -> Self {
+        Self((secs * 1e6).round() as i64)
+    }
+
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 / 1e6
+    }
+
+    /// Saturating addition of a duration.
+    pub fn add(self, d: Duration) -> Self {
+        Self(self.0.saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))
+    }
+
+    /// Saturating subtraction of a duration.
+    pub fn sub(self, d: Duration) -> Self {
+        Self(self.0.saturating_sub(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))
+    }
+
+    /// The end of the window of length `window` that contains `self`, with windows
+    /// aligned to the epoch and half-open as `(end - window, end]`.
+    pub fn window_end(self, window: Duration) -> Self {
+        let w = i64::try_from(window.as_micros()).unwrap_or(i64::MAX).max(1);
+        let q = self.0.div_euclid(w);
+        let r = self.0.rem_euclid(w);
+        if r == 0 { Self(self.0) } else { Self((q + 1) * w) }
+    }
+
+    /// RFC 3339 UTC text with microseconds, as the contract prints timestamps.
+    pub fn to_rfc3339(self) -> String {
+        let secs = self.0.div_euclid(1_000_000);
+        let micros = self.0.rem_euclid(1_000_000);
+        let days = secs.div_euclid(86_400);
+        let sod = secs.rem_euclid(86_400);
+        let (y, m, d) = civil_from_days(days);
+        format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z", sod / 3600, (sod / 60) % 60, sod % 60)
+    }
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_reject_empty_and_control() {
+        assert_eq!(GpuUuid::new(""), Err(IdError::Empty { kind: "GPU UUID" }));
+        assert!(HostName::new("a\nb").is_err());
+        assert_eq!(GpuUuid::new("GPU-1").map(|g| g.to_string()), Ok("GPU-1".to_owned()));
+    }
+
+    #[test]
+    fn window_end_is_half_open_on_the_left() {
+        let w = Duration::from_secs(1);
+        assert_eq!(UnixMicros(1_000_000).window_end(w), UnixMicros(1_000_000));
+        assert_eq!(UnixMicros(1_000_001).window_end(w), UnixMicros(2_000_000));
+        assert_eq!(UnixMicros(999_999).window_end(w), UnixMicros(1_000_000));
+        assert_eq!(UnixMicros(-1).window_end(w), UnixMicros(0));
+    }
+
+    #[test]
+    fn rfc3339_matches_known_dates() {
+        assert_eq!(UnixMicros(0).to_rfc3339(), "1970-01-01T00:00:00.000000Z");
+        // 2026-11-23T12:34:56.5Z, checked with `date -u -d @1795437296`.
+        assert_eq!(UnixMicros(1_795_437_296_500_000).to_rfc3339(), "2026-11-23T12:34:56.500000Z");
+        assert_eq!(UnixMicros(951_782_400_000_000).to_rfc3339(), "2000-02-29T00:00:00.000000Z");
+    }
+}

@@ -1,0 +1,23 @@
+//! Apron's shared vocabulary.
+//!
+//! Every part of Apron — the node agent, the collector, the query layer — speaks about
+//! the same things: a GPU identified by its UUID, a point in time in UTC microseconds,
+//! the measurement fields of the `gpu_samples` table and the one-row-per-GPU-per-window
+//! record that agents produce. They live here so that names and units are written down
+//! exactly once.
+//!
+//! - [`ids`]: newtypes for identities (GPU UUID, host, cluster) and time ([`UnixMicros`]).
+//! - [`field`]: the catalogue of measurement fields ([`Field`]), with their `gpu_samples`
+//!   column names, base units and device resolution.
+//! - [`window`]: [`GpuWindow`] (a `gpu_samples` row) and [`ProcessRow`] (a
+//!   `gpu_processes` row), the records an agent emits.
+//!
+//! This crate is deliberately dependency-light: the agent links it and must stay small.
+
+pub mod field;
+pub mod ids;
+pub mod window;
+
+pub use field::{Aggregation, Field, FieldKind};
+pub use ids::{ClusterName, GpuUuid, HostName, UnixMicros};
+pub use window::{FieldStats, GpuIdentity, GpuWindow, ProcessRow};

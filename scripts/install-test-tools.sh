@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every external tool the tests talk to. Idempotent; run by .ci/run and by
+# hand on a fresh machine. Tests fail (never skip) when a tool is missing.
+set -euo pipefail
+
+need_apt=()
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+
+if ((${#need_apt[@]})); then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  # Debian's prometheus package starts a service on install where systemd runs; it
+  # does not here, and the tests start their own instances on free ports.
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+prometheus --version 2>&1 | head -1
+promtool --version 2>&1 | head -1
