@@ -193,10 +193,8 @@ impl FileConfig {
             None => None,
         };
         let collector = o.collector.or(a.collector);
-        if let Some(url) = &collector {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(invalid("agent.collector", url, "an http:// or https:// URL"));
-            }
+        if let Some(url) = collector.as_ref().filter(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
+            return Err(invalid("agent.collector", url, "an http:// or https:// URL"));
         }
 
         let mut disabled = Vec::new();

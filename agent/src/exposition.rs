@@ -413,8 +413,11 @@ const NATIVE_GAUGES: &[NativeGauge] = &[
     native("apron_gpu_row_remap_failure", Field::RowRemapFailure, Stat::Last, 1.0, "1 when a row remap has failed."),
 ];
 
+/// A counter family read from the device: name, field, help, extra label.
+type DeviceCounter = (&'static str, Field, &'static str, Option<(&'static str, &'static str)>);
+
 /// Native counters read from the device, as of the last window.
-const NATIVE_DEVICE_COUNTERS: &[(&str, Field, &str, Option<(&str, &str)>)] = &[
+const NATIVE_DEVICE_COUNTERS: &[DeviceCounter] = &[
     ("apron_gpu_energy_joules", Field::EnergyJoules, "Energy consumed since the driver loaded.", None),
     ("apron_gpu_pcie_replays", Field::PcieReplays, "PCIe replays since the driver loaded.", None),
     ("apron_gpu_ecc_errors", Field::EccSbeTotal, "ECC errors, aggregate.", Some(("type", "corrected"))),
@@ -424,6 +427,9 @@ const NATIVE_DEVICE_COUNTERS: &[(&str, Field, &str, Option<(&str, &str)>)] = &[
 ];
 
 type Labels = Vec<(Cow<'static, str>, String)>;
+type Series = Vec<(Labels, f64)>;
+/// Reads one integrated counter from a GPU's state; `None` before its signal was seen.
+type IntegralFn = fn(&GpuState) -> Option<f64>;
 
 fn dcgm_labels(g: &GpuIdentity, parent: Option<&GpuIdentity>, owner: &OwnerLabels, driver: Option<&str>) -> Labels {
     // dcgm-exporter labels a MIG instance's series with its parent's UUID and index and
@@ -589,7 +595,7 @@ impl Collector for MetricsCollector {
         }
 
         // Busy time as counters: integrals over every window since start.
-        let counters: [(&str, &str, fn(&GpuState) -> Option<f64>); 3] = [
+        let counters: [(&str, &str, IntegralFn); 3] = [
             ("apron_gpu_busy_seconds", "Seconds a kernel was running: the integral of gpu_util over time.", |s| {
                 (s.util_observed_seconds > 0.0).then_some(s.busy_seconds)
             }),
@@ -625,7 +631,7 @@ impl Collector for MetricsCollector {
             &observed,
         )?;
 
-        let mut by_name: BTreeMap<&str, (&str, Vec<(Labels, f64)>)> = BTreeMap::new();
+        let mut by_name: BTreeMap<&str, (&str, Series)> = BTreeMap::new();
         for &(name, field, help, extra) in NATIVE_DEVICE_COUNTERS {
             let entry = by_name.entry(name).or_insert((help, Vec::new()));
             for (g, s) in live() {

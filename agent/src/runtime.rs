@@ -143,8 +143,9 @@ pub struct Aggregation {
 }
 
 impl Aggregation {
-    /// Runs until every sampler has hung up (after `stop`), then closes what is left.
-    pub fn run(mut self, rx: Receiver<Tick>, stop: Stop) {
+    /// Runs until every sampler has hung up (they do on `Stop`), then closes what is
+    /// complete.
+    pub fn run(mut self, rx: Receiver<Tick>) {
         {
             let mut st = self.state.lock();
             for (g, i) in &self.intervals {
@@ -275,8 +276,7 @@ pub fn start(
         handles.push(spawn_sampler(s, interval, tx.clone(), stop.clone())?);
     }
     drop(tx);
-    let stop2 = stop.clone();
-    handles.push(std::thread::Builder::new().name("aggregator".into()).spawn(move || aggregation.run(rx, stop2))?);
+    handles.push(std::thread::Builder::new().name("aggregator".into()).spawn(move || aggregation.run(rx))?);
     Ok(handles)
 }
 

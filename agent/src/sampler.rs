@@ -45,6 +45,19 @@ impl FieldGroup {
         FieldGroup::Processes,
     ];
 
+    /// The groups whose readings become window fields (processes become rows of their own).
+    pub const WINDOW: &'static [FieldGroup] = &[
+        FieldGroup::Utilization,
+        FieldGroup::Gpm,
+        FieldGroup::Memory,
+        FieldGroup::Power,
+        FieldGroup::Thermal,
+        FieldGroup::Clocks,
+        FieldGroup::Pcie,
+        FieldGroup::Nvlink,
+        FieldGroup::Health,
+    ];
+
     pub const fn name(self) -> &'static str {
         match self {
             FieldGroup::Utilization => "utilization",

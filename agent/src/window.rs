@@ -14,8 +14,10 @@ use apron_common::{Field, FieldStats, GpuIdentity, GpuWindow, UnixMicros};
 
 use crate::sampler::{Readings, Slot};
 
+/// Count, sum, min, max and last of one field's readings in one window. Shared with the
+/// simulator's history generator so that live and generated rows aggregate identically.
 #[derive(Clone, Copy, Debug)]
-struct Acc {
+pub struct FieldAcc {
     count: u32,
     sum: f64,
     min: f64,
@@ -24,14 +26,19 @@ struct Acc {
     last_at: UnixMicros,
 }
 
-impl Acc {
-    fn new(value: f64, at: UnixMicros) -> Self {
-        Self { count: 1, sum: value, min: value, max: value, last: value, last_at: at }
-    }
+impl FieldAcc {
+    pub const EMPTY: FieldAcc = FieldAcc {
+        count: 0,
+        sum: 0.0,
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+        last: 0.0,
+        last_at: UnixMicros(i64::MIN),
+    };
 
-    fn add(&mut self, value: f64, at: UnixMicros) {
+    pub fn add(&mut self, value: f64, at: UnixMicros) {
+        self.sum = if self.count == 0 { value } else { self.sum + value };
         self.count += 1;
-        self.sum += value;
         self.min = self.min.min(value);
         self.max = self.max.max(value);
         // Readings can arrive out of order across samplers; "last" is by time.
@@ -41,28 +48,29 @@ impl Acc {
         }
     }
 
-    fn stats(&self) -> FieldStats {
-        FieldStats {
+    /// `None` when there was no reading: the column is NULL.
+    pub fn stats(&self) -> Option<FieldStats> {
+        (self.count > 0).then(|| FieldStats {
             count: self.count,
             mean: self.sum / f64::from(self.count),
             min: self.min,
             max: self.max,
             last: self.last,
-        }
+        })
     }
 }
 
 #[derive(Clone, Default)]
 struct SlotAcc {
-    fields: Vec<Option<Acc>>,
+    fields: Vec<FieldAcc>,
     lost: bool,
     touched: bool,
 }
 
 impl SlotAcc {
-    fn field(&mut self, f: Field) -> &mut Option<Acc> {
+    fn field(&mut self, f: Field) -> &mut FieldAcc {
         if self.fields.is_empty() {
-            self.fields = vec![None; Field::COUNT];
+            self.fields = vec![FieldAcc::EMPTY; Field::COUNT];
         }
         &mut self.fields[f.index()]
     }
@@ -125,10 +133,7 @@ impl Aggregator {
             }
             if let Some(acc) = self.slot_acc(end, r.slot) {
                 acc.touched = true;
-                match acc.field(r.field) {
-                    Some(a) => a.add(r.value, r.at),
-                    slot @ None => *slot = Some(Acc::new(r.value, r.at)),
-                }
+                acc.field(r.field).add(r.value, r.at);
             }
         }
         let end = now.window_end(self.window);
@@ -144,7 +149,7 @@ impl Aggregator {
 
     /// When the oldest open window may close, if any is open.
     pub fn next_close(&self) -> Option<UnixMicros> {
-        self.open.keys().next().map(|end| end.add(self.lateness))
+        self.open.keys().next().map(|end| end.plus(self.lateness))
     }
 
     /// Closes every window whose end plus lateness is at or before `now`, oldest first.
@@ -152,12 +157,12 @@ impl Aggregator {
     pub fn close_due(&mut self, now: UnixMicros) -> Vec<GpuWindow> {
         let mut out = Vec::new();
         while let Some((&end, _)) = self.open.first_key_value() {
-            if end.add(self.lateness) > now {
+            if end.plus(self.lateness) > now {
                 break;
             }
             let Some((end, slots)) = self.open.pop_first() else { break };
             self.closed_until = Some(self.closed_until.map_or(end, |c| c.max(end)));
-            if self.started.is_some_and(|s| end.sub(self.window) < s) {
+            if self.started.is_some_and(|s| end.minus(self.window) < s) {
                 continue;
             }
             for (slot, acc) in slots.into_iter().enumerate() {
@@ -167,7 +172,7 @@ impl Aggregator {
                 let mut row = GpuWindow::new(end, self.window, self.inventory[slot].clone());
                 row.lost = acc.lost;
                 for (i, a) in acc.fields.iter().enumerate() {
-                    row.fields[i] = a.map(|a| a.stats());
+                    row.fields[i] = a.stats();
                 }
                 out.push(row);
             }

@@ -129,12 +129,12 @@ impl UnixMicros {
     }
 
     /// Saturating addition of a duration.
-    pub fn add(self, d: Duration) -> Self {
+    pub fn plus(self, d: Duration) -> Self {
         Self(self.0.saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))
     }
 
     /// Saturating subtraction of a duration.
-    pub fn sub(self, d: Duration) -> Self {
+    pub fn minus(self, d: Duration) -> Self {
         Self(self.0.saturating_sub(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))
     }
 

@@ -5,7 +5,7 @@ use std::error::Error;
 use std::io;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use apron_common::GpuIdentity;
+use apron_common::{GpuIdentity, ProcessRow};
 
 use super::cgroup::{self, CgroupFacts};
 use super::podresources::{DeviceMap, Holder};
@@ -28,6 +28,37 @@ pub struct ProcessAttribution {
     pub container: Option<String>,
     pub job_id: Option<String>,
     pub user: Option<String>,
+}
+
+/// What the driver says about one GPU process, before attribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    pub name: Option<String>,
+    pub fb_used_bytes: Option<i64>,
+    pub sm_util: Option<f64>,
+}
+
+impl ProcessAttribution {
+    /// The `gpu_processes` row for `sample` on `gpu` at `time`.
+    pub fn into_row(self, time: apron_common::UnixMicros, gpu: &GpuIdentity, sample: ProcessSample) -> ProcessRow {
+        ProcessRow {
+            time,
+            host: gpu.host.clone(),
+            gpu_uuid: gpu.gpu_uuid.clone(),
+            pid: sample.pid,
+            process_name: sample.name,
+            user: self.user,
+            fb_used_bytes: sample.fb_used_bytes,
+            sm_util: sample.sm_util,
+            container_id: self.container_id,
+            pod: self.pod,
+            namespace: self.namespace,
+            container: self.container,
+            pod_uid: self.pod_uid,
+            job_id: self.job_id,
+        }
+    }
 }
 
 /// Who holds a GPU (by pod-resources or a Slurm file), whether or not it runs anything.

@@ -33,7 +33,7 @@ use std::io;
 
 use apron_common::GpuIdentity;
 
-pub use attributor::{Attributor, GpuOwner, ProcessAttribution};
+pub use attributor::{Attributor, GpuOwner, ProcessAttribution, ProcessSample};
 pub use config::AttributionConfig;
 pub use host::RealHost;
 #[cfg(feature = "kubernetes")]

@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use apron_common::{ProcessRow, UnixMicros};
+use apron_common::UnixMicros;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
 use super::{Guard, NvmlShared};
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, ProcessSample};
 use crate::sampler::{FieldGroup, IssueKind, Readings, Sampler, SamplerError};
 
 pub struct ProcessesSampler {
@@ -106,7 +106,6 @@ impl Sampler for ProcessesSampler {
                     .entry(pid)
                     .or_insert_with(|| nvml.sys_process_name(pid, 256).unwrap_or_default())
                     .clone();
-                let a = self.attribution.process(&gpu.identity, pid);
                 let sm_util = match sm.get(&pid) {
                     Some(&(sum, n)) => Some(sum / f64::from(n)),
                     // Listed but absent from the utilisation samples: it used no SM time.
@@ -115,22 +114,9 @@ impl Sampler for ProcessesSampler {
                     }
                     None => None,
                 };
-                out.processes.push(ProcessRow {
-                    time: now,
-                    host: gpu.identity.host.clone(),
-                    gpu_uuid: gpu.identity.gpu_uuid.clone(),
-                    pid,
-                    process_name: (!name.is_empty()).then_some(name),
-                    user: a.user,
-                    fb_used_bytes: fb,
-                    sm_util,
-                    container_id: a.container_id,
-                    pod: a.pod,
-                    namespace: a.namespace,
-                    container: a.container,
-                    pod_uid: a.pod_uid,
-                    job_id: a.job_id,
-                });
+                let sample =
+                    ProcessSample { pid, name: (!name.is_empty()).then_some(name), fb_used_bytes: fb, sm_util };
+                out.processes.push(self.attribution.process(&gpu.identity, pid).into_row(now, &gpu.identity, sample));
             }
         }
         self.names.retain(|pid, _| alive.contains(pid));

@@ -10,26 +10,15 @@
 
 use std::time::Duration;
 
-use apron_common::{Field, FieldStats, GpuWindow, ProcessRow, UnixMicros};
+use apron_common::{Field, GpuWindow, ProcessRow, UnixMicros};
 
 use super::fleet::{Fleet, SimProcess};
 use super::host::SimHost;
 use super::sampler::process_rows;
 use crate::attribution::Attributor;
+use crate::runtime::next_tick;
 use crate::sampler::{FieldGroup, Readings};
-
-/// The groups that produce window fields (processes produce rows of their own).
-const WINDOW_GROUPS: [FieldGroup; 9] = [
-    FieldGroup::Utilization,
-    FieldGroup::Gpm,
-    FieldGroup::Memory,
-    FieldGroup::Power,
-    FieldGroup::Thermal,
-    FieldGroup::Clocks,
-    FieldGroup::Pcie,
-    FieldGroup::Nvlink,
-    FieldGroup::Health,
-];
+use crate::window::FieldAcc;
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -38,29 +27,6 @@ fn micros(d: Duration) -> i64 {
 /// The first multiple of `step` strictly after `t`.
 fn first_after(t: i64, step: i64) -> i64 {
     t.div_euclid(step).saturating_add(1).saturating_mul(step)
-}
-
-#[derive(Clone, Copy)]
-struct Acc {
-    count: u32,
-    sum: f64,
-    min: f64,
-    max: f64,
-    last: f64,
-}
-
-impl Acc {
-    const EMPTY: Acc = Acc { count: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY, last: 0.0 };
-
-    #[inline]
-    fn add(&mut self, v: f64) {
-        // Same order of operations as the agent's aggregator, so means match to the bit.
-        self.sum = if self.count == 0 { v } else { self.sum + v };
-        self.count += 1;
-        self.min = self.min.min(v);
-        self.max = self.max.max(v);
-        self.last = v;
-    }
 }
 
 /// `gpu_samples` rows for every GPU and every window ending in `(start, end]`, oldest
@@ -73,7 +39,7 @@ pub struct History<'a> {
     last_end: i64,
     slot: usize,
     /// Per entry of `WINDOW_GROUPS`: sampling interval in µs; 0 = not sampled.
-    intervals: [i64; WINDOW_GROUPS.len()],
+    intervals: [i64; FieldGroup::WINDOW.len()],
 }
 
 impl<'a> History<'a> {
@@ -86,14 +52,14 @@ impl<'a> History<'a> {
             next_end: first_after(start.0, window_us),
             last_end: end.0,
             slot: 0,
-            intervals: WINDOW_GROUPS.map(|g| micros(g.default_interval())),
+            intervals: std::array::from_fn(|i| micros(FieldGroup::WINDOW[i].default_interval())),
         }
     }
 
     /// Uses the agent's sampling plan instead of the default intervals: `interval(group)`
     /// is the group's interval, `None` for a group that is not sampled.
     pub fn intervals(mut self, interval: impl Fn(FieldGroup) -> Option<Duration>) -> Self {
-        for (i, g) in WINDOW_GROUPS.iter().enumerate() {
+        for (i, g) in FieldGroup::WINDOW.iter().enumerate() {
             self.intervals[i] = interval(*g).map_or(0, |d| micros(d).max(1));
         }
         self
@@ -106,16 +72,18 @@ impl<'a> History<'a> {
 
     fn row(&self, slot: usize, end: i64) -> Option<GpuWindow> {
         let gpu = self.fleet.inventory().get(slot)?;
-        let mut acc = [Acc::EMPTY; Field::COUNT];
+        let mut acc = [FieldAcc::EMPTY; Field::COUNT];
         let mut lost = false;
-        for (i, &group) in WINDOW_GROUPS.iter().enumerate() {
+        for (i, &group) in FieldGroup::WINDOW.iter().enumerate() {
             let every = self.intervals[i];
             if every == 0 {
                 continue;
             }
-            let mut t = first_after(end - self.window_us, every);
+            // The live samplers' tick grid (mid-interval, epoch-aligned).
+            let mut t = next_tick(UnixMicros(end - self.window_us), Duration::from_micros(every.unsigned_abs())).0;
             while t <= end {
-                let alive = self.fleet.sample(slot, group, t, &mut |f: Field, v: f64| acc[f.index()].add(v));
+                let alive =
+                    self.fleet.sample(slot, group, t, &mut |f: Field, v: f64| acc[f.index()].add(v, UnixMicros(t)));
                 lost |= !alive;
                 t += every;
             }
@@ -123,15 +91,7 @@ impl<'a> History<'a> {
         let mut row = GpuWindow::new(UnixMicros(end), self.window, gpu.clone());
         row.lost = lost;
         for (out, a) in row.fields.iter_mut().zip(acc.iter()) {
-            if a.count > 0 {
-                *out = Some(FieldStats {
-                    count: a.count,
-                    mean: a.sum / f64::from(a.count),
-                    min: a.min,
-                    max: a.max,
-                    last: a.last,
-                });
-            }
+            *out = a.stats();
         }
         Some(row)
     }

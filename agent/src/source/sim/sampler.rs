@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use apron_common::{ProcessRow, UnixMicros};
+use apron_common::UnixMicros;
 
 use super::fleet::{Fleet, SimProcess};
 use super::host::SimHost;
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, ProcessSample};
 use crate::sampler::{FieldGroup, IssueKind, Readings, Sampler, SamplerError};
 
 /// Reads one field group of every simulated GPU at the tick's `now`.
@@ -78,23 +78,13 @@ pub(crate) fn process_rows(
             continue;
         }
         for p in scratch.iter() {
-            let a = attribution.process(gpu, p.pid);
-            out.processes.push(ProcessRow {
-                time: now,
-                host: gpu.host.clone(),
-                gpu_uuid: gpu.gpu_uuid.clone(),
+            let sample = ProcessSample {
                 pid: p.pid,
-                process_name: Some(p.name.to_owned()),
-                user: a.user,
+                name: Some(p.name.to_owned()),
                 fb_used_bytes: Some(p.fb_used_bytes),
                 sm_util: Some(p.sm_util),
-                container_id: a.container_id,
-                pod: a.pod,
-                namespace: a.namespace,
-                container: a.container,
-                pod_uid: a.pod_uid,
-                job_id: a.job_id,
-            });
+            };
+            out.processes.push(attribution.process(gpu, p.pid).into_row(now, gpu, sample));
         }
     }
 }

@@ -48,24 +48,12 @@ fn find_phase(src: &SimSource, slot: usize, kind: PhaseKind, from: i64) -> i64 {
         .expect("phase reached within 10 days")
 }
 
-const WINDOW_GROUPS: [FieldGroup; 9] = [
-    FieldGroup::Utilization,
-    FieldGroup::Gpm,
-    FieldGroup::Memory,
-    FieldGroup::Power,
-    FieldGroup::Thermal,
-    FieldGroup::Clocks,
-    FieldGroup::Pcie,
-    FieldGroup::Nvlink,
-    FieldGroup::Health,
-];
-
 #[test]
 fn same_seed_same_values_other_seed_other_uuids() {
     let (a, b, c) = (source(42), source(42), source(43));
     assert_eq!(a.inventory(), b.inventory());
     for t in [T0 - 5 * HOUR, T0 + 1234, T0 + 3 * 86_400 * SEC] {
-        for g in WINDOW_GROUPS {
+        for &g in FieldGroup::WINDOW {
             assert_eq!(read(&a, g, t).values, read(&b, g, t).values, "{g} at {t}");
         }
     }
@@ -192,7 +180,7 @@ fn lost_gpu_reports_xid_then_lost() {
     assert_eq!(value(&before, slot, Field::XidLast), Some(XID_FELL_OFF_THE_BUS));
     assert!(before.lost.is_empty());
     assert!(value(&read(&src, FieldGroup::Health, T0 + MIN), slot, Field::XidLast).is_none(), "no XID when healthy");
-    for g in WINDOW_GROUPS {
+    for &g in FieldGroup::WINDOW {
         let after = read(&src, g, lost_at + SEC);
         assert_eq!(after.lost, vec![slot], "{g}");
         assert!(after.values.iter().all(|v| v.slot != slot));
@@ -230,10 +218,10 @@ fn energy_is_the_integral_of_power() {
 /// aggregator.
 fn live_windows(src: &SimSource, start: i64, end: i64) -> Vec<GpuWindow> {
     let mut agg = Aggregator::new(src.inventory().to_vec(), Duration::from_secs(1), Duration::ZERO);
-    for g in WINDOW_GROUPS {
+    for &g in FieldGroup::WINDOW {
         let every = i64::try_from(g.default_interval().as_micros()).expect("small");
         let mut sampler = SimSampler::new(src.fleet().clone(), g, None);
-        let mut t = (start / every + 1) * every;
+        let mut t = crate::runtime::next_tick(UnixMicros(start), g.default_interval()).0;
         while t <= end {
             let mut r = Readings::default();
             sampler.sample(UnixMicros(t), &mut r).expect("sample");
