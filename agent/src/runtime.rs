@@ -18,7 +18,7 @@ use apron_common::{GpuWindow, ProcessRow, UnixMicros};
 
 use crate::attribution::Attributor;
 use crate::exposition::{OwnerLabels, SamplerStats, SharedState};
-use crate::sampler::{FieldGroup, IssueKind, Readings, Sampler, SamplerError};
+use crate::sampler::{FieldGroup, IssueKind, Phase, Readings, Sampler, SamplerError};
 use crate::window::Aggregator;
 
 /// A stop signal that also serves as an interruptible sleep.
@@ -65,14 +65,17 @@ pub struct Tick {
     pub at: UnixMicros,
 }
 
-/// The next tick strictly after `now` on the wall-clock grid `k × interval + interval / 2`.
+/// The next tick strictly after `now` on the epoch-aligned grid of `interval`, at the
+/// sampler's [`Phase`].
 ///
-/// Ticks sit mid-interval on an epoch-aligned grid, so with an interval that divides the
-/// window every window gets the same number of readings: scheduling jitter moves a tick by
-/// milliseconds, never across a window boundary.
-pub fn next_tick(now: UnixMicros, interval: Duration) -> UnixMicros {
+/// With an interval that divides the window, every window gets the same number of
+/// readings: scheduling jitter moves a tick by milliseconds, never across a boundary.
+pub fn next_tick(now: UnixMicros, interval: Duration, phase: Phase) -> UnixMicros {
     let i = i64::try_from(interval.as_micros()).unwrap_or(i64::MAX).max(1);
-    let offset = i / 2;
+    let offset = match phase {
+        Phase::Mid => i / 2,
+        Phase::Boundary => 0,
+    };
     let k = (now.0 - offset).div_euclid(i) + 1;
     UnixMicros(k * i + offset)
 }
@@ -86,10 +89,11 @@ pub fn spawn_sampler(
     stop: Stop,
 ) -> std::io::Result<JoinHandle<()>> {
     let group = sampler.group();
+    let phase = sampler.phase();
     std::thread::Builder::new().name(format!("sampler-{group}")).spawn(move || {
         loop {
             let now = UnixMicros::now();
-            let due = next_tick(now, interval);
+            let due = next_tick(now, interval, phase);
             let wait = Duration::from_micros(u64::try_from(due.0 - now.0).unwrap_or(0));
             if stop.sleep_until(Instant::now() + wait) {
                 return;
@@ -287,11 +291,14 @@ mod tests {
     #[test]
     fn ticks_sit_mid_interval_on_the_epoch_grid() {
         let s = Duration::from_secs(1);
-        assert_eq!(next_tick(UnixMicros(10_000_000), s), UnixMicros(10_500_000));
-        assert_eq!(next_tick(UnixMicros(10_500_000), s), UnixMicros(11_500_000));
-        assert_eq!(next_tick(UnixMicros(10_499_999), s), UnixMicros(10_500_000));
+        assert_eq!(next_tick(UnixMicros(10_000_000), s, Phase::Mid), UnixMicros(10_500_000));
+        assert_eq!(next_tick(UnixMicros(10_500_000), s, Phase::Mid), UnixMicros(11_500_000));
+        assert_eq!(next_tick(UnixMicros(10_499_999), s, Phase::Mid), UnixMicros(10_500_000));
         let ms100 = Duration::from_millis(100);
-        assert_eq!(next_tick(UnixMicros(10_000_001), ms100), UnixMicros(10_050_000));
+        assert_eq!(next_tick(UnixMicros(10_000_001), ms100, Phase::Mid), UnixMicros(10_050_000));
+        let ms250 = Duration::from_millis(250);
+        assert_eq!(next_tick(UnixMicros(10_000_000), ms250, Phase::Boundary), UnixMicros(10_250_000));
+        assert_eq!(next_tick(UnixMicros(10_100_000), ms250, Phase::Boundary), UnixMicros(10_250_000));
     }
 
     #[test]

@@ -183,9 +183,27 @@ pub struct SamplerError {
     pub detail: String,
 }
 
+/// Where on its interval grid a sampler ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Mid-interval (`k × interval + interval / 2`): point readings land firmly inside a
+    /// window, so scheduling jitter never moves one across a window boundary.
+    #[default]
+    Mid,
+    /// On the boundaries (`k × interval`): for samplers whose readings describe the
+    /// interval since the previous tick (GPM, counter deltas). They stamp each reading at
+    /// the interval's midpoint, so with an interval that divides the window the readings
+    /// tile each window exactly.
+    Boundary,
+}
+
 /// Reads one field group for every GPU of a source.
 pub trait Sampler: Send {
     fn group(&self) -> FieldGroup;
+
+    fn phase(&self) -> Phase {
+        Phase::Mid
+    }
 
     /// Reads the group once. `now` is the wall clock at the start of the tick.
     fn sample(&mut self, now: UnixMicros, out: &mut Readings) -> Result<(), SamplerError>;

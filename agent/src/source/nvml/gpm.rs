@@ -13,7 +13,7 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 
 use super::{Guard, NvmlShared};
-use crate::sampler::{FieldGroup, Readings, Sampler, SamplerError};
+use crate::sampler::{FieldGroup, Phase, Readings, Sampler, SamplerError};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -36,6 +36,11 @@ const METRICS: &[(GpmMetricId, Field, f64)] = &[
 
 /// Less than this apart, the driver's counters have not refreshed.
 const MIN_SPACING_US: i64 = 100_000;
+
+/// The middle of `(from, to]`, where a reading that describes that interval belongs.
+pub fn midpoint(from: UnixMicros, to: UnixMicros) -> UnixMicros {
+    UnixMicros(from.0 + (to.0 - from.0) / 2)
+}
 
 pub struct GpmSampler {
     shared: Arc<NvmlShared>,
@@ -77,6 +82,10 @@ impl GpmSampler {
 impl Sampler for GpmSampler {
     fn group(&self) -> FieldGroup {
         FieldGroup::Gpm
+    }
+
+    fn phase(&self) -> Phase {
+        Phase::Boundary
     }
 
     fn sample(&mut self, now: UnixMicros, out: &mut Readings) -> Result<(), SamplerError> {

@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
-use apron_common::Field;
+use apron_common::{Field, UnixMicros};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::field_id::{
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
 };
 
 use super::NvmlShared;
+use super::gpm::midpoint;
 use super::per_device::{PerDevice, Scope};
 use crate::sampler::FieldGroup;
 
@@ -63,5 +64,6 @@ impl NvlinkSampler {
                 prev[slot] = Some((tx, rx, now.0));
             },
         )
+        .on_boundaries()
     }
 }

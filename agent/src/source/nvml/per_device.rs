@@ -9,7 +9,7 @@ use std::sync::Arc;
 use apron_common::UnixMicros;
 
 use super::{Guard, NvmlGpu, NvmlShared};
-use crate::sampler::{FieldGroup, Readings, Sampler, SamplerError, Slot};
+use crate::sampler::{FieldGroup, Phase, Readings, Sampler, SamplerError, Slot};
 
 /// Which inventory slots a group reads.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -30,17 +30,28 @@ pub struct PerDevice<S: Send> {
     guard: Guard,
     state: S,
     read: ReadFn<S>,
+    phase: Phase,
 }
 
 impl<S: Send> PerDevice<S> {
     pub fn new(group: FieldGroup, scope: Scope, shared: Arc<NvmlShared>, state: S, read: ReadFn<S>) -> Self {
-        Self { group, scope, shared, guard: Guard::default(), state, read }
+        Self { group, scope, shared, guard: Guard::default(), state, read, phase: Phase::Mid }
+    }
+
+    /// For groups whose readings describe the interval since the last tick.
+    pub fn on_boundaries(mut self) -> Self {
+        self.phase = Phase::Boundary;
+        self
     }
 }
 
 impl<S: Send> Sampler for PerDevice<S> {
     fn group(&self) -> FieldGroup {
         self.group
+    }
+
+    fn phase(&self) -> Phase {
+        self.phase
     }
 
     fn sample(&mut self, now: UnixMicros, out: &mut Readings) -> Result<(), SamplerError> {

@@ -17,7 +17,7 @@ use super::host::SimHost;
 use super::sampler::process_rows;
 use crate::attribution::Attributor;
 use crate::runtime::next_tick;
-use crate::sampler::{FieldGroup, Readings};
+use crate::sampler::{FieldGroup, Phase, Readings};
 use crate::window::FieldAcc;
 
 fn micros(d: Duration) -> i64 {
@@ -80,7 +80,8 @@ impl<'a> History<'a> {
                 continue;
             }
             // The live samplers' tick grid (mid-interval, epoch-aligned).
-            let mut t = next_tick(UnixMicros(end - self.window_us), Duration::from_micros(every.unsigned_abs())).0;
+            let mut t =
+                next_tick(UnixMicros(end - self.window_us), Duration::from_micros(every.unsigned_abs()), Phase::Mid).0;
             while t <= end {
                 let alive =
                     self.fleet.sample(slot, group, t, &mut |f: Field, v: f64| acc[f.index()].add(v, UnixMicros(t)));

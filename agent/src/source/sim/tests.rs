@@ -221,7 +221,7 @@ fn live_windows(src: &SimSource, start: i64, end: i64) -> Vec<GpuWindow> {
     for &g in FieldGroup::WINDOW {
         let every = i64::try_from(g.default_interval().as_micros()).expect("small");
         let mut sampler = SimSampler::new(src.fleet().clone(), g, None);
-        let mut t = crate::runtime::next_tick(UnixMicros(start), g.default_interval()).0;
+        let mut t = crate::runtime::next_tick(UnixMicros(start), g.default_interval(), crate::sampler::Phase::Mid).0;
         while t <= end {
             let mut r = Readings::default();
             sampler.sample(UnixMicros(t), &mut r).expect("sample");
