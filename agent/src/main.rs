@@ -4,12 +4,15 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use apron_agent::config::{FileConfig, Overrides, SourceKind};
+use apron_agent::source::nvml::{NvmlSource, probe};
 use clap::Parser;
 
 /// Apron node agent: samples GPUs (NVML or a simulated fleet) and serves /metrics.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Config file (TOML). Flags and APRON_* environment variables override it.
     #[arg(long, env = "APRON_CONFIG")]
     config: Option<PathBuf>,
@@ -37,6 +40,19 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax), e.g. info or apron_agent=debug.
     #[arg(long, env = "APRON_LOG", default_value = "info")]
     log: String,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Try every NVML call the samplers make on every GPU and report support and cost.
+    Probe {
+        /// Calls per NVML function and GPU.
+        #[arg(long, default_value_t = 20)]
+        repeats: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn machine_hostname() -> String {
@@ -77,6 +93,16 @@ fn run(args: Args) -> anyhow::Result<()> {
         windows_out: args.windows_out,
     };
     let config = file.resolve(overrides, &machine_hostname())?;
+    if let Some(Command::Probe { repeats, json }) = args.command {
+        let source = NvmlSource::open(config.nvml_lib.as_deref(), &config.hostname, config.cluster.as_ref())?;
+        let report = probe::probe(&source, repeats.max(1));
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", probe::render_table(&report));
+        }
+        return Ok(());
+    }
     let source = apron_agent::open_source(&config)?;
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -594,3 +594,47 @@ fn environment_overrides_and_no_gpus() {
     );
     assert!(err.contains("found no GPUs") && err.contains("--source sim"), "{err}");
 }
+
+#[test]
+fn probe_reports_support_and_call_cost() {
+    let lib = fake_lib("libnvidia_ml.so");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scenario = format!(
+        "latency_mode = \"sleep\"\n{}",
+        TWO_H100.replacen("[[gpus]]", "[latency_us]\nnvmlDeviceGetPowerUsage = 3000\n\n[[gpus]]", 1).replacen(
+            "index = 1\n",
+            "index = 1\nunsupported = [\"nvmlDeviceGetTemperature\"]\n",
+            1
+        )
+    );
+    let path = dir.path().join("scenario.toml");
+    std::fs::write(&path, scenario).expect("write");
+    let out = Command::new(AGENT)
+        .args(["--nvml-lib", lib.to_str().expect("utf8"), "probe", "--repeats", "3", "--json"])
+        .env("FAKE_NVML_SCENARIO", &path)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let call = |gpu: &str, name: &str| -> Value {
+        report["calls"]
+            .as_array()
+            .expect("calls")
+            .iter()
+            .find(|c| c["gpu_uuid"].as_str().is_some_and(|g| g.starts_with(gpu)) && c["call"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} on {gpu} missing"))
+    };
+    let power = call("GPU-0", "nvmlDeviceGetPowerUsage");
+    assert_eq!(power["outcome"], "ok");
+    assert!(power["min_us"].as_f64().expect("min") >= 3000.0, "{power}");
+    assert_eq!(call("GPU-0", "nvmlDeviceGetTemperature")["outcome"], "ok");
+    assert!(
+        call("GPU-1", "nvmlDeviceGetTemperature")["outcome"]
+            .as_str()
+            .expect("outcome")
+            .contains("not available on the target device")
+    );
+    assert_eq!(call("GPU-0", "nvmlGpmQueryDeviceSupport")["value"], "true");
+    assert_eq!(call("GPU-0", "nvmlGpmMetricsGet")["outcome"], "ok");
+}

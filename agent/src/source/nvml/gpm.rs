@@ -116,10 +116,12 @@ impl Sampler for GpmSampler {
             if let Some(results) =
                 self.guard.call(slot, "nvmlGpmMetricsGet", out, || gpm_metrics_get(nvml, &prev, &sample, ids))
             {
+                // The values are means over (prev, now]: they belong at its midpoint.
+                let at = midpoint(prev_at, now);
                 for (result, &(_, field, scale)) in results.into_iter().zip(METRICS) {
                     // A metric the device lacks (e.g. NVLink on a PCIe card) stays NULL.
                     if let Ok(r) = result {
-                        out.push(slot, field, r.value * scale, now);
+                        out.push(slot, field, r.value * scale, at);
                     }
                 }
             }

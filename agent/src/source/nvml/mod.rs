@@ -28,6 +28,7 @@ mod nvlink;
 mod pcie;
 mod per_device;
 mod power;
+pub mod probe;
 mod processes;
 mod raw;
 mod thermal;
@@ -41,18 +42,20 @@ pub const DEFAULT_LIB: &str = "libnvidia-ml.so";
 
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlSourceError {
+    // The NVML error is part of the one-line message, not a `source`: error chains would
+    // print it twice.
     #[error(
-        "NVML: cannot load {lib} ({source}). Is the NVIDIA driver installed? Point --nvml-lib at libnvidia-ml.so, or run the simulator instead: apron-agent --source sim"
+        "NVML: cannot load {lib} ({error}). Is the NVIDIA driver installed? Point --nvml-lib at libnvidia-ml.so, or run the simulator instead: apron-agent --source sim"
     )]
-    Load { lib: String, source: NvmlError },
+    Load { lib: String, error: NvmlError },
     #[error(
-        "NVML: nvmlInit failed with {lib}: {source}. Is the NVIDIA kernel driver loaded? Or run the simulator instead: apron-agent --source sim"
+        "NVML: nvmlInit failed with {lib}: {error}. Is the NVIDIA kernel driver loaded? Or run the simulator instead: apron-agent --source sim"
     )]
-    Init { lib: String, source: NvmlError },
+    Init { lib: String, error: NvmlError },
     #[error("NVML ({lib}) found no GPUs. Run the simulator instead: apron-agent --source sim")]
     NoGpus { lib: String },
-    #[error("NVML: cannot enumerate GPU {index}: {source}")]
-    Enumerate { index: u32, source: NvmlError },
+    #[error("NVML: cannot enumerate GPU {index}: {error}")]
+    Enumerate { index: u32, error: NvmlError },
 }
 
 /// One inventory slot's handles.
@@ -113,11 +116,11 @@ impl NvmlSource {
     pub fn open(lib: Option<&Path>, host: &HostName, cluster: Option<&ClusterName>) -> Result<Self, NvmlSourceError> {
         let lib_os: &OsStr = lib.map_or(OsStr::new(DEFAULT_LIB), Path::as_os_str);
         let lib_name = lib_os.to_string_lossy().into_owned();
-        let nvml = Nvml::builder().lib_path(lib_os).init().map_err(|source| match source {
+        let nvml = Nvml::builder().lib_path(lib_os).init().map_err(|error| match error {
             NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound | NvmlError::FailedToLoadSymbol(_) => {
-                NvmlSourceError::Load { lib: lib_name.clone(), source }
+                NvmlSourceError::Load { lib: lib_name.clone(), error }
             }
-            source => NvmlSourceError::Init { lib: lib_name.clone(), source },
+            error => NvmlSourceError::Init { lib: lib_name.clone(), error },
         })?;
         // NVML is initialised once and used for the life of the process; leaking the
         // handle lets device handles be `'static` and shared by sampler threads.
@@ -125,20 +128,20 @@ impl NvmlSource {
         let raw = RawNvml::open(lib_os).ok();
         let driver_version = nvml.sys_driver_version().ok();
 
-        let count = nvml.device_count().map_err(|source| NvmlSourceError::Init { lib: lib_name.clone(), source })?;
+        let count = nvml.device_count().map_err(|error| NvmlSourceError::Init { lib: lib_name.clone(), error })?;
         if count == 0 {
             return Err(NvmlSourceError::NoGpus { lib: lib_name });
         }
         let mut gpus = Vec::new();
         for index in 0..count {
-            let device = nvml.device_by_index(index).map_err(|source| NvmlSourceError::Enumerate { index, source })?;
+            let device = nvml.device_by_index(index).map_err(|error| NvmlSourceError::Enumerate { index, error })?;
             let identity = match identify(&device, index, host, cluster) {
                 Ok(id) => id,
                 Err(NvmlError::GpuLost) => {
                     tracing::error!(index, "GPU is lost at start-up; skipping it");
                     continue;
                 }
-                Err(source) => return Err(NvmlSourceError::Enumerate { index, source }),
+                Err(error) => return Err(NvmlSourceError::Enumerate { index, error }),
             };
             let mig_enabled = device.mig_mode().is_ok_and(|m| m.current == 1);
             let instances =

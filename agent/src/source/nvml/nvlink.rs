@@ -57,8 +57,10 @@ impl NvlinkSampler {
                 if let Some((ptx, prx, pat)) = prev[slot] {
                     let dt = (now.0 - pat) as f64 / 1e6;
                     if dt > 0.0 && tx >= ptx && rx >= prx {
-                        out.push(slot, Field::NvlinkTxBytesPerS, (tx - ptx) as f64 * 1024.0 / dt, now);
-                        out.push(slot, Field::NvlinkRxBytesPerS, (rx - prx) as f64 * 1024.0 / dt, now);
+                        // A rate over (previous tick, now]: it belongs at the midpoint.
+                        let at = midpoint(UnixMicros(pat), now);
+                        out.push(slot, Field::NvlinkTxBytesPerS, (tx - ptx) as f64 * 1024.0 / dt, at);
+                        out.push(slot, Field::NvlinkRxBytesPerS, (rx - prx) as f64 * 1024.0 / dt, at);
                     }
                 }
                 prev[slot] = Some((tx, rx, now.0));
