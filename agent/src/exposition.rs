@@ -902,10 +902,25 @@ mod tests {
         }
     }
 
+    /// A window with a plausible value in every field (by unit), so the golden file reads
+    /// like a real node.
     fn full_window(g: &GpuIdentity) -> GpuWindow {
         let mut w = GpuWindow::new(UnixMicros(10_000_000), std::time::Duration::from_secs(1), g.clone());
         for f in Field::ALL {
-            w.fields[f.index()] = Some(FieldStats { count: 2, mean: 0.5, min: 0.25, max: 0.75, last: 0.5 });
+            let v = match f.unit() {
+                "ratio" => 0.5,
+                "bytes" => 40.0 * 1024.0 * 1024.0 * 1024.0,
+                "watts" => 350.25,
+                "celsius" => 61.0,
+                "MHz" => 1980.0,
+                "bytes/s" => 1.5e9,
+                "joules" => 123_456.789,
+                "code" => 79.0,
+                "bitmask" => 4.0,
+                "bool" => 0.0,
+                _ => 3.0,
+            };
+            w.fields[f.index()] = Some(FieldStats { count: 4, mean: v, min: v * 0.5, max: v * 1.5, last: v });
         }
         w
     }
@@ -950,6 +965,26 @@ mod tests {
         for n in &names {
             assert!(docs.contains(&format!("`{n}")), "{n} is emitted but not in docs/metrics.md");
         }
+    }
+
+    /// The whole exposition for a fixed state, against a reviewed golden file. Lines
+    /// about the test process itself (CPU, RSS, start time) vary and are left out.
+    /// `UPDATE_GOLDEN=1 cargo test -p apron-agent golden` rewrites the file.
+    #[test]
+    fn golden_exposition() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/metrics.txt");
+        let volatile =
+            ["apron_agent_cpu_seconds", "apron_agent_resident_memory_bytes", "apron_agent_start_time_seconds"];
+        let text: String = rendered(Format::OpenMetrics)
+            .lines()
+            .filter(|l| !volatile.iter().any(|v| l.starts_with(v) || l.contains(&format!(" {v}"))))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(path, &text).expect("write golden");
+        }
+        let golden = std::fs::read_to_string(path).expect("golden file (UPDATE_GOLDEN=1 creates it)");
+        assert!(text == golden, "exposition differs from {path}; review and rerun with UPDATE_GOLDEN=1");
     }
 
     #[test]
