@@ -12,11 +12,16 @@
 //! - [`window`]: [`GpuWindow`] (a `gpu_samples` row) and [`ProcessRow`] (a
 //!   `gpu_processes` row), the records an agent emits.
 //!
+//! - [`wire`] (feature `arrow`): the Arrow schemas of the shipped tables and the IPC
+//!   encoding agents send to `POST /api/v1/ingest`.
+//!
 //! This crate is deliberately dependency-light: the agent links it and must stay small.
 
 pub mod field;
 pub mod ids;
 pub mod window;
+#[cfg(feature = "arrow")]
+pub mod wire;
 
 pub use field::{Aggregation, Field, FieldKind};
 pub use ids::{ClusterName, GpuUuid, HostName, UnixMicros};

@@ -1,0 +1,350 @@
+//! The wire schema: what an agent ships to the collector, as Arrow.
+//!
+//! One Arrow schema per table (`gpu_samples`, `gpu_processes`), derived from the field
+//! catalogue so that columns, order and types are written down once. Batches travel as
+//! Arrow IPC streams with zstd-compressed buffers; the request headers name the table,
+//! the agent, its epoch and a per-epoch sequence number (see [`headers`]).
+//!
+//! Types follow the contract: timestamps `Timestamp(µs, UTC)`, no unsigned integers,
+//! bytes and counts as Int64, measurements as Float64 in base units (the collector
+//! stores them exactly at device resolution).
+
+use std::io::Cursor;
+use std::sync::{Arc, LazyLock};
+
+use arrow_array::builder::{BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, StringBuilder};
+use arrow_array::{ArrayRef, RecordBatch, TimestampMicrosecondArray};
+use arrow_ipc::CompressionType;
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_schema::{ArrowError, DataType, Field as ArrowField, Schema, SchemaRef, TimeUnit};
+
+use crate::field::{Field, FieldKind};
+use crate::window::{GpuWindow, ProcessRow};
+
+/// Request headers of `POST /api/v1/ingest`.
+pub mod headers {
+    /// `gpu_samples` or `gpu_processes`.
+    pub const TABLE: &str = "x-apron-table";
+    /// A stable id of the agent (host name unless configured).
+    pub const AGENT: &str = "x-apron-agent";
+    /// New at every agent process start, so a restart never reuses sequence numbers.
+    pub const EPOCH: &str = "x-apron-epoch";
+    /// Per-epoch sequence number of the batch; retried duplicates are dropped on it.
+    pub const SEQUENCE: &str = "x-apron-sequence";
+    /// The Arrow IPC stream media type.
+    pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
+}
+
+/// The tables an agent ships.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Table {
+    GpuSamples,
+    GpuProcesses,
+}
+
+impl Table {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Table::GpuSamples => "gpu_samples",
+            Table::GpuProcesses => "gpu_processes",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Table> {
+        [Table::GpuSamples, Table::GpuProcesses].into_iter().find(|t| t.name() == name)
+    }
+
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            Table::GpuSamples => GPU_SAMPLES.clone(),
+            Table::GpuProcesses => GPU_PROCESSES.clone(),
+        }
+    }
+}
+
+fn time_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// The Arrow type of a field's column.
+pub fn field_type(f: Field) -> DataType {
+    match (f.kind(), f.unit()) {
+        (_, "bytes" | "count" | "code" | "bitmask" | "bool") => DataType::Int64,
+        (FieldKind::Activity | FieldKind::Gauge | FieldKind::Counter | FieldKind::State, _) => DataType::Float64,
+    }
+}
+
+/// The `_max` column of an activity field.
+pub fn max_column(f: Field) -> Option<String> {
+    (f.kind() == FieldKind::Activity).then(|| format!("{}_max", f.column()))
+}
+
+static GPU_SAMPLES: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let mut fields = vec![
+        ArrowField::new("time", time_type(), false),
+        ArrowField::new("window_s", DataType::Float64, false),
+        ArrowField::new("cluster", DataType::Utf8, true),
+        ArrowField::new("host", DataType::Utf8, false),
+        ArrowField::new("gpu_uuid", DataType::Utf8, false),
+        ArrowField::new("gpu_index", DataType::Int32, false),
+        ArrowField::new("gpu_model", DataType::Utf8, false),
+        ArrowField::new("parent_gpu_uuid", DataType::Utf8, true),
+        ArrowField::new("mig_profile", DataType::Utf8, true),
+        ArrowField::new("gpu_lost", DataType::Boolean, false),
+    ];
+    for &f in Field::ALL {
+        fields.push(ArrowField::new(f.column(), field_type(f), true));
+        if let Some(max) = max_column(f) {
+            fields.push(ArrowField::new(max, field_type(f), true));
+        }
+    }
+    Arc::new(Schema::new(fields))
+});
+
+static GPU_PROCESSES: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let s = |n: &str| ArrowField::new(n, DataType::Utf8, true);
+    Arc::new(Schema::new(vec![
+        ArrowField::new("time", time_type(), false),
+        ArrowField::new("host", DataType::Utf8, false),
+        ArrowField::new("gpu_uuid", DataType::Utf8, false),
+        ArrowField::new("pid", DataType::Int64, false),
+        s("process_name"),
+        s("user"),
+        ArrowField::new("fb_used_bytes", DataType::Int64, true),
+        ArrowField::new("sm_util", DataType::Float64, true),
+        s("container_id"),
+        s("pod"),
+        s("namespace"),
+        s("container"),
+        s("pod_uid"),
+        s("job_id"),
+        // Resolved by the server; agents always send NULL.
+        s("team"),
+    ]))
+});
+
+fn timestamps(values: impl Iterator<Item = i64>) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from_iter_values(values).with_timezone("UTC"))
+}
+
+fn strings<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
+    let mut b = StringBuilder::new();
+    for v in values {
+        b.append_option(v);
+    }
+    Arc::new(b.finish())
+}
+
+/// `gpu_samples` rows as one batch.
+pub fn windows_to_batch(rows: &[GpuWindow]) -> Result<RecordBatch, ArrowError> {
+    let mut cols: Vec<ArrayRef> = vec![
+        timestamps(rows.iter().map(|r| r.time.0)),
+        Arc::new(rows.iter().map(|r| Some(r.window_secs())).collect::<arrow_array::Float64Array>()),
+        strings(rows.iter().map(|r| r.gpu.cluster.as_ref().map(|c| c.as_str()))),
+        strings(rows.iter().map(|r| Some(r.gpu.host.as_str()))),
+        strings(rows.iter().map(|r| Some(r.gpu.gpu_uuid.as_str()))),
+        {
+            let mut b = Int32Builder::with_capacity(rows.len());
+            for r in rows {
+                b.append_value(i32::try_from(r.gpu.gpu_index).unwrap_or(i32::MAX));
+            }
+            Arc::new(b.finish())
+        },
+        strings(rows.iter().map(|r| Some(r.gpu.gpu_model.as_str()))),
+        strings(rows.iter().map(|r| r.gpu.parent_gpu_uuid.as_ref().map(|p| p.as_str()))),
+        strings(rows.iter().map(|r| r.gpu.mig_profile.as_deref())),
+        {
+            let mut b = BooleanBuilder::with_capacity(rows.len());
+            for r in rows {
+                b.append_value(r.lost);
+            }
+            Arc::new(b.finish())
+        },
+    ];
+    for &f in Field::ALL {
+        cols.push(column(rows, f, |r| r.value(f)));
+        if f.kind() == FieldKind::Activity {
+            cols.push(column(rows, f, |r| r.get(f).map(|s| s.max)));
+        }
+    }
+    RecordBatch::try_new(GPU_SAMPLES.clone(), cols)
+}
+
+fn column(rows: &[GpuWindow], f: Field, get: impl Fn(&GpuWindow) -> Option<f64>) -> ArrayRef {
+    match field_type(f) {
+        DataType::Int64 => {
+            let mut b = Int64Builder::with_capacity(rows.len());
+            for r in rows {
+                b.append_option(get(r).map(|v| v.round() as i64));
+            }
+            Arc::new(b.finish())
+        }
+        _ => {
+            let mut b = Float64Builder::with_capacity(rows.len());
+            for r in rows {
+                b.append_option(get(r));
+            }
+            Arc::new(b.finish())
+        }
+    }
+}
+
+/// `gpu_processes` rows as one batch.
+pub fn processes_to_batch(rows: &[ProcessRow]) -> Result<RecordBatch, ArrowError> {
+    let mut pid = Int64Builder::with_capacity(rows.len());
+    let mut fb = Int64Builder::with_capacity(rows.len());
+    let mut sm = Float64Builder::with_capacity(rows.len());
+    for r in rows {
+        pid.append_value(i64::from(r.pid));
+        fb.append_option(r.fb_used_bytes);
+        sm.append_option(r.sm_util);
+    }
+    let cols: Vec<ArrayRef> = vec![
+        timestamps(rows.iter().map(|r| r.time.0)),
+        strings(rows.iter().map(|r| Some(r.host.as_str()))),
+        strings(rows.iter().map(|r| Some(r.gpu_uuid.as_str()))),
+        Arc::new(pid.finish()),
+        strings(rows.iter().map(|r| r.process_name.as_deref())),
+        strings(rows.iter().map(|r| r.user.as_deref())),
+        Arc::new(fb.finish()),
+        Arc::new(sm.finish()),
+        strings(rows.iter().map(|r| r.container_id.as_deref())),
+        strings(rows.iter().map(|r| r.pod.as_deref())),
+        strings(rows.iter().map(|r| r.namespace.as_deref())),
+        strings(rows.iter().map(|r| r.container.as_deref())),
+        strings(rows.iter().map(|r| r.pod_uid.as_deref())),
+        strings(rows.iter().map(|r| r.job_id.as_deref())),
+        strings(rows.iter().map(|_| None)),
+    ];
+    RecordBatch::try_new(GPU_PROCESSES.clone(), cols)
+}
+
+/// Why a shipped body was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("not a valid Arrow IPC stream: {0}")]
+    Malformed(ArrowError),
+    #[error("the batch does not match the {table} schema: {detail}")]
+    Schema { table: &'static str, detail: String },
+    #[error("the body holds {rows} rows; at most {max} are accepted per request")]
+    TooManyRows { rows: usize, max: usize },
+    #[error("cannot encode: {0}")]
+    Encode(ArrowError),
+}
+
+/// An IPC stream of `batch`, buffers zstd-compressed.
+pub fn encode_ipc(batch: &RecordBatch) -> Result<Vec<u8>, WireError> {
+    let options = IpcWriteOptions::default()
+        .try_with_compression(Some(CompressionType::ZSTD))
+        .map_err(WireError::Encode)?;
+    let mut out = Vec::new();
+    let mut w = StreamWriter::try_new_with_options(&mut out, batch.schema_ref(), options).map_err(WireError::Encode)?;
+    w.write(batch).map_err(WireError::Encode)?;
+    w.finish().map_err(WireError::Encode)?;
+    drop(w);
+    Ok(out)
+}
+
+/// Decodes an IPC stream for `table`, checking the schema (names, types, nullability)
+/// and the row limit before anything is kept.
+pub fn decode_ipc(body: &[u8], table: Table, max_rows: usize) -> Result<Vec<RecordBatch>, WireError> {
+    let reader = StreamReader::try_new(Cursor::new(body), None).map_err(WireError::Malformed)?;
+    let expected = table.schema();
+    check_schema(&reader.schema(), &expected, table)?;
+    let mut batches = Vec::new();
+    let mut rows = 0;
+    for batch in reader {
+        let batch = batch.map_err(WireError::Malformed)?;
+        rows += batch.num_rows();
+        if rows > max_rows {
+            return Err(WireError::TooManyRows { rows, max: max_rows });
+        }
+        batches.push(batch);
+    }
+    Ok(batches)
+}
+
+fn check_schema(got: &Schema, expected: &Schema, table: Table) -> Result<(), WireError> {
+    let err = |detail: String| WireError::Schema { table: table.name(), detail };
+    if got.fields().len() != expected.fields().len() {
+        return Err(err(format!("{} columns, expected {}", got.fields().len(), expected.fields().len())));
+    }
+    for (g, e) in got.fields().iter().zip(expected.fields()) {
+        if g.name() != e.name() {
+            return Err(err(format!("column {:?} where {:?} was expected", g.name(), e.name())));
+        }
+        if g.data_type() != e.data_type() {
+            return Err(err(format!("column {:?} is {}, expected {}", g.name(), g.data_type(), e.data_type())));
+        }
+        if g.is_nullable() && !e.is_nullable() {
+            return Err(err(format!("column {:?} must not be nullable", g.name())));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float64Type, Int64Type};
+
+    use super::*;
+    use crate::{FieldStats, GpuIdentity, GpuUuid, HostName, UnixMicros};
+
+    fn window() -> GpuWindow {
+        let gpu = GpuIdentity {
+            cluster: None,
+            host: HostName::new("n1").expect("valid"),
+            gpu_uuid: GpuUuid::new("GPU-1").expect("valid"),
+            gpu_index: 3,
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            pci_bus_id: String::new(),
+            minor_number: None,
+            parent_gpu_uuid: None,
+            mig_profile: None,
+            mig_gpu_instance_id: None,
+        };
+        let mut w = GpuWindow::new(UnixMicros(1_000_000), Duration::from_secs(1), gpu);
+        w.fields[Field::GpuUtil.index()] = Some(FieldStats { count: 6, mean: 0.5, min: 0.0, max: 1.0, last: 1.0 });
+        w.fields[Field::FbUsedBytes.index()] =
+            Some(FieldStats { count: 1, mean: 1048576.0, min: 1048576.0, max: 1048576.0, last: 1048576.0 });
+        w
+    }
+
+    #[test]
+    fn windows_round_trip_through_ipc() {
+        let batch = windows_to_batch(&[window(), window()]).expect("batch");
+        let bytes = encode_ipc(&batch).expect("encode");
+        let back = decode_ipc(&bytes, Table::GpuSamples, 10).expect("decode");
+        assert_eq!(back, vec![batch.clone()]);
+        let util = batch.column_by_name("gpu_util").expect("col").as_primitive::<Float64Type>();
+        assert_eq!(util.value(0), 0.5);
+        let max = batch.column_by_name("gpu_util_max").expect("col").as_primitive::<Float64Type>();
+        assert_eq!(max.value(0), 1.0);
+        let fb = batch.column_by_name("fb_used_bytes").expect("col").as_primitive::<Int64Type>();
+        assert_eq!(fb.value(0), 1048576);
+        assert!(batch.column_by_name("power_watts").expect("col").is_null(0), "no reading is NULL");
+    }
+
+    #[test]
+    fn refuses_garbage_wrong_schema_and_too_many_rows() {
+        assert!(matches!(decode_ipc(b"not arrow", Table::GpuSamples, 10), Err(WireError::Malformed(_))));
+        let procs = encode_ipc(&processes_to_batch(&[]).expect("batch")).expect("encode");
+        assert!(matches!(decode_ipc(&procs, Table::GpuSamples, 10), Err(WireError::Schema { .. })));
+        let bytes = encode_ipc(&windows_to_batch(&[window(), window()]).expect("batch")).expect("encode");
+        assert!(matches!(decode_ipc(&bytes, Table::GpuSamples, 1), Err(WireError::TooManyRows { rows: 2, max: 1 })));
+    }
+
+    #[test]
+    fn no_unsigned_types_and_utc_timestamps() {
+        for t in [Table::GpuSamples, Table::GpuProcesses] {
+            for f in t.schema().fields() {
+                assert!(!f.data_type().is_unsigned_integer(), "{}", f.name());
+            }
+            assert_eq!(t.schema().field(0).data_type(), &time_type());
+        }
+    }
+}
