@@ -58,7 +58,8 @@ if [ "$SKIP_BUILD" != 1 ]; then
 fi
 [ -x "$agent_bin" ] && [ -f "$fake_lib" ] || { log "missing $agent_bin or $fake_lib"; exit 1; }
 
-if ! "$PEER_VENV/bin/pip" show nvitop-exporter 2>/dev/null | grep -qx "Version: $PEER_VERSION"; then
+peer_installed=$("$PEER_VENV/bin/pip" show nvitop-exporter 2>/dev/null || true)
+if ! grep -qx "Version: $PEER_VERSION" <<<"$peer_installed"; then
     log "creating $PEER_VENV with nvitop-exporter==$PEER_VERSION"
     mkdir -p "$(dirname "$PEER_VENV")"
     python3 -m venv "$PEER_VENV"
@@ -104,12 +105,13 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-cpu_ticks() { # utime + stime of the whole process (fields 14, 15; counted after the last ')')
+cpu_ticks() { # "utime stime" of the whole process, exited threads included (fields 14, 15,
+    # counted after the last ')'); the kernel keeps their sum exact to the tick
     local stat rest
     stat=$(<"/proc/$1/stat")
     rest=${stat##*) }
     read -ra f <<<"$rest"
-    echo $((f[11] + f[12]))
+    echo "${f[11]} ${f[12]}"
 }
 live_ns() { # on-CPU ns of the live threads (schedstat; finer than ticks, misses exited threads)
     cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'
@@ -174,8 +176,11 @@ start_peer peer-fast "$PEER_FAST_INTERVAL"
 
 log "warm-up ${WARMUP}s"
 sleep "$WARMUP"
-declare -A T0 T1 N0 N1
-for n in "${names[@]}"; do T0[$n]=$(cpu_ticks "${PID[$n]}"); N0[$n]=$(live_ns "${PID[$n]}"); done
+declare -A U0 S0 U1 S1 N0 N1
+for n in "${names[@]}"; do
+    read -r "U0[$n]" "S0[$n]" < <(cpu_ticks "${PID[$n]}")
+    N0[$n]=$(live_ns "${PID[$n]}")
+done
 t0=$(now)
 for n in agent-default agent-1s; do curl -sf "${URL[$n]}" >"$OUT/$n.metrics.start"; done
 
@@ -191,7 +196,10 @@ sleep "$DURATION"
 kill "$scraper" 2>/dev/null || true
 wait "$scraper" 2>/dev/null || true
 
-for n in "${names[@]}"; do T1[$n]=$(cpu_ticks "${PID[$n]}"); N1[$n]=$(live_ns "${PID[$n]}"); done
+for n in "${names[@]}"; do
+    read -r "U1[$n]" "S1[$n]" < <(cpu_ticks "${PID[$n]}")
+    N1[$n]=$(live_ns "${PID[$n]}")
+done
 t1=$(now)
 declare -A HWM RSS
 for n in "${names[@]}"; do
@@ -249,14 +257,15 @@ fi
 # ---------------------------------------------------------------- 5. results
 {
     echo "# bench-agent raw results ($(date -u +%FT%TZ))"
-    echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet -- agent common tests/fake-nvml 2>/dev/null || echo ' (+uncommitted changes)')"
+    echo "git_head_at_run $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet -- agent common tests/fake-nvml 2>/dev/null || echo ' (+uncommitted changes)')"
     echo "agent_sha256 $(sha256sum "$agent_bin" | cut -c1-16) built $(date -u -r "$agent_bin" +%FT%TZ)" \
         "sources_newer_than_binary $(find agent common tests/fake-nvml -name '*.rs' -newer "$agent_bin" | wc -l)"
     echo "machine nproc=$(nproc) cpu=\"$(lscpu | sed -n 's/^Model name: *//p' | head -1)\""
     echo "gpus $GPUS duration_s $elapsed warmup_s $WARMUP scrape_every_s $SCRAPE_EVERY latency_mode $LATENCY_MODE clk_tck $clk_tck"
     echo "peer nvitop-exporter $PEER_VERSION (nvidia-ml-py $("$PEER_VENV/bin/pip" show nvidia-ml-py | awk '/^Version/{print $2}'))"
     for n in "${names[@]}"; do
-        echo "proc $n cpu_ticks $((T1[$n] - T0[$n])) vmhwm_kb ${HWM[$n]} vmrss_kb ${RSS[$n]} live_threads_cpu_ns $((N1[$n] - N0[$n]))"
+        u=$((U1[$n] - U0[$n])) s=$((S1[$n] - S0[$n]))
+        echo "proc $n cpu_ticks $((u + s)) vmhwm_kb ${HWM[$n]} vmrss_kb ${RSS[$n]} live_threads_cpu_ns $((N1[$n] - N0[$n])) user_ticks $u sys_ticks $s"
     done
     for n in peer-1s peer-fast; do
         echo "peer_update_period_s $n $(sed -n 1p "$OUT/$n.period")"
@@ -290,6 +299,7 @@ report() {
     $1 == "proc" {
         n = $2; cpu = $4 / tck; us[n] = cpu * 1e6 / (gpus * el); pct[n] = 100 * cpu / el; rss[n] = $6 / 1024
         tus[n] = $10 / 1e3 / (gpus * el)
+        sys[n] = ($4 > 0) ? 100 * $14 / $4 : 0
         order[++k] = n
     }
     $1 == "peer_update_period_s" { per[$2] = $3 }
@@ -301,8 +311,8 @@ report() {
     $1 == "callgrind_entry_ir" { ent[$2] = $3 }
     END {
         printf "\nAgent overhead: %d fake H100s, %.1f s measured after warm-up, all four side by side\n\n", gpus, el
-        printf "%-14s %14s %10s %14s %22s\n", "process", "CPU us/GPU-s", "% of core", "peak RSS MiB", "(live threads us/GPU-s)"
-        for (i = 1; i <= k; i++) { n = order[i]; printf "%-14s %14.1f %10.2f %14.1f %22.1f\n", n, us[n], pct[n], rss[n], tus[n] }
+        printf "%-14s %14s %10s %14s %8s %24s\n", "process", "CPU us/GPU-s", "% of core", "peak RSS MiB", "% sys", "(live threads us/GPU-s)"
+        for (i = 1; i <= k; i++) { n = order[i]; printf "%-14s %14.1f %10.2f %14.1f %8.0f %24.1f\n", n, us[n], pct[n], rss[n], sys[n], tus[n] }
         printf "\n(peer real update period: peer-1s %s s, peer-fast %s s)\n", per["peer-1s"], per["peer-fast"]
         printf "\nratios agent/peer            CPU      RSS\n"
         printf "  agent-1s / peer-1s      %7.3f  %7.3f   (same 1 s cadence: the headline)\n", us["agent-1s"] / us["peer-1s"], rss["agent-1s"] / rss["peer-1s"]

@@ -42,10 +42,17 @@ pub fn midpoint(from: UnixMicros, to: UnixMicros) -> UnixMicros {
     UnixMicros(from.0 + (to.0 - from.0) / 2)
 }
 
+/// The last sample of a GPU and when it was taken, plus a spare sample to refill next.
+struct Baseline {
+    sample: GpmSample<'static>,
+    at: UnixMicros,
+    spare: Option<GpmSample<'static>>,
+}
+
 pub struct GpmSampler {
     shared: Arc<NvmlShared>,
     guard: Guard,
-    previous: Vec<Option<(GpmSample<'static>, UnixMicros)>>,
+    previous: Vec<Option<Baseline>>,
     ids: Vec<GpmMetricId>,
     /// Support found missing at start, reported with the first tick.
     startup_issues: Vec<crate::sampler::Issue>,
@@ -95,21 +102,43 @@ impl Sampler for GpmSampler {
             if !self.guard.supported(slot, "nvmlGpmQueryDeviceSupport") {
                 continue;
             }
-            let sample = match &gpu.mig_parent {
-                Some((parent, gi)) => self.guard.call(slot, "nvmlGpmMigSampleGet", out, || parent.gpm_mig_sample(*gi)),
-                None => self.guard.call(slot, "nvmlGpmSampleGet", out, || gpu.device.gpm_sample()),
+            // Refill the spare sample when there is one (no allocation per tick); the
+            // wrapper allocates a fresh one otherwise.
+            let spare = self.previous[slot].as_mut().and_then(|p| p.spare.take());
+            let sample = match (spare, &self.shared.raw) {
+                (Some(spare), Some(raw)) => {
+                    let (device, gi) = match &gpu.mig_parent {
+                        Some((parent, gi)) => (parent, Some(*gi)),
+                        None => (&gpu.device, None),
+                    };
+                    // SAFETY: live handles from this NVML; `spare` was allocated by it.
+                    let filled = unsafe { raw.gpm_sample_into(device.handle(), gi, spare.handle()) };
+                    match filled {
+                        Ok(()) => Some(spare),
+                        Err(e) => {
+                            self.guard.record(slot, "nvmlGpmSampleGet", out, &e);
+                            None
+                        }
+                    }
+                }
+                _ => match &gpu.mig_parent {
+                    Some((parent, gi)) => {
+                        self.guard.call(slot, "nvmlGpmMigSampleGet", out, || parent.gpm_mig_sample(*gi))
+                    }
+                    None => self.guard.call(slot, "nvmlGpmSampleGet", out, || gpu.device.gpm_sample()),
+                },
             };
             let Some(sample) = sample else {
                 self.previous[slot] = None;
                 continue;
             };
-            let Some((prev, prev_at)) = self.previous[slot].take() else {
-                self.previous[slot] = Some((sample, now));
+            let Some(Baseline { sample: prev, at: prev_at, .. }) = self.previous[slot].take() else {
+                self.previous[slot] = Some(Baseline { sample, at: now, spare: None });
                 continue;
             };
             if now.0 - prev_at.0 < MIN_SPACING_US {
                 // Too soon (a delayed tick); keep the older sample as the baseline.
-                self.previous[slot] = Some((prev, prev_at));
+                self.previous[slot] = Some(Baseline { sample: prev, at: prev_at, spare: Some(sample) });
                 continue;
             }
             let ids = &self.ids;
@@ -125,7 +154,7 @@ impl Sampler for GpmSampler {
                     }
                 }
             }
-            self.previous[slot] = Some((sample, now));
+            self.previous[slot] = Some(Baseline { sample, at: now, spare: Some(prev) });
         }
         Ok(())
     }

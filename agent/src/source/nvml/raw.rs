@@ -4,7 +4,11 @@
 //!   `GPU_I_ID` label and the argument of `nvmlGpmMigSampleGet`),
 //! - `nvmlDeviceGetRemappedRows`,
 //! - `nvmlDeviceGetFieldValues` with a scope id (NVLink throughput summed over all links
-//!   needs `scopeId = UINT_MAX`; the wrapper always sends scope 0 = link 0).
+//!   needs `scopeId = UINT_MAX`; the wrapper always sends scope 0 = link 0);
+//! - `nvmlDeviceGetSamples` into a reused buffer (the wrapper asks for the count first,
+//!   doubling the calls of the most frequent sampler);
+//! - `nvmlGpmSampleGet` / `nvmlGpmMigSampleGet` into an existing sample (the wrapper
+//!   allocates and frees one per call).
 //!
 //! The library is opened a second time with the same path; `dlopen` hands back the same
 //! already-loaded object, so this costs a symbol table, not a second driver.
@@ -13,7 +17,10 @@ use std::ffi::OsStr;
 use std::mem;
 
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
-use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlFieldValue_t};
+use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlFieldValue_t, nvmlGpmSample_t, nvmlSample_t};
+
+/// Entries of the reused sample buffer: real drivers keep about 120 samples.
+const SAMPLE_BUFFER: usize = 128;
 
 /// A field read with a scope: `(field id, scope id)`.
 pub type ScopedField = (u32, u32);
@@ -55,6 +62,79 @@ impl RawNvml {
         // SAFETY: four out-pointers to locals.
         nvml_try(unsafe { sym(device, &mut c, &mut u, &mut p, &mut f) })?;
         Ok((c, u, p != 0, f != 0))
+    }
+
+    /// New driver samples of `sampling` (an `nvmlSamplingType_t`) since `last_seen` µs, as
+    /// `(timestamp µs, value)`, into `out` (cleared first). NOT_FOUND means none.
+    ///
+    /// # Safety
+    /// As [`Self::gpu_instance_id`].
+    pub unsafe fn samples_into(
+        &self,
+        device: nvmlDevice_t,
+        sampling: u32,
+        last_seen: u64,
+        buf: &mut Vec<nvmlSample_t>,
+        out: &mut Vec<(i64, f64)>,
+    ) -> Result<(), NvmlError> {
+        let sym = nvml_sym(self.lib.nvmlDeviceGetSamples.as_ref())?;
+        out.clear();
+        if buf.len() < SAMPLE_BUFFER {
+            // SAFETY: nvmlSample_t is plain old data; all-zero is valid.
+            buf.resize(SAMPLE_BUFFER, unsafe { mem::zeroed() });
+        }
+        loop {
+            let mut value_type = 0;
+            let mut count = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            // SAFETY: `buf` holds `count` entries for the driver to fill.
+            let r = unsafe { sym(device, sampling, last_seen, &mut value_type, &mut count, buf.as_mut_ptr()) };
+            match nvml_try(r) {
+                Ok(()) => {}
+                Err(NvmlError::InsufficientSize(_)) if buf.len() < SAMPLE_BUFFER * 16 => {
+                    let grown = buf.len() * 2;
+                    // SAFETY: as above.
+                    buf.resize(grown, unsafe { mem::zeroed() });
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            for s in buf.iter().take(count as usize) {
+                // SAFETY: the union member to read is chosen by `value_type`.
+                let v = unsafe {
+                    match value_type {
+                        0 => s.sampleValue.dVal,
+                        1 => f64::from(s.sampleValue.uiVal),
+                        2 | 3 => s.sampleValue.ullVal as f64,
+                        4 => s.sampleValue.sllVal as f64,
+                        5 => f64::from(s.sampleValue.siVal),
+                        6 => f64::from(s.sampleValue.usVal),
+                        other => return Err(NvmlError::UnexpectedVariant(other)),
+                    }
+                };
+                out.push((i64::try_from(s.timeStamp).unwrap_or(i64::MAX), v));
+            }
+            return Ok(());
+        }
+    }
+
+    /// Refills an existing GPM sample from the device (or, with `gpu_instance`, one of
+    /// its MIG instances).
+    ///
+    /// # Safety
+    /// `device` as above; `sample` must be a live sample allocated by this NVML.
+    pub unsafe fn gpm_sample_into(
+        &self,
+        device: nvmlDevice_t,
+        gpu_instance: Option<u32>,
+        sample: nvmlGpmSample_t,
+    ) -> Result<(), NvmlError> {
+        // SAFETY: per the function contracts.
+        nvml_try(unsafe {
+            match gpu_instance {
+                Some(gi) => nvml_sym(self.lib.nvmlGpmMigSampleGet.as_ref())?(device, gi, sample),
+                None => nvml_sym(self.lib.nvmlGpmSampleGet.as_ref())?(device, sample),
+            }
+        })
     }
 
     /// Reads scoped fields as unsigned 64-bit values; each entry keeps its own result.

@@ -55,15 +55,19 @@ impl BufferCursor {
         }
     }
 
-    pub fn last_seen(&self) -> u64 {
-        u64::try_from(self.last_seen).unwrap_or(0)
+    /// The lastSeenTimeStamp to ask the driver with: past every slot already accounted
+    /// for, real or zero-filled. A slot is only zero-filled a full period after it ends,
+    /// when the driver would long have recorded it, so nothing real is skipped — and an
+    /// idle GPU's buffer is not re-read from the start on every tick.
+    pub fn query_from(&self) -> u64 {
+        u64::try_from(self.last_seen.max(self.filled_until)).unwrap_or(0)
     }
 
     /// Takes new samples `(timestamp µs, value as a ratio)`, oldest first, plus zeros for
     /// the periods the driver skipped because the GPU was idle; emits readings in order.
     pub fn take(&mut self, samples: &[(i64, f64)], now: UnixMicros, mut emit: impl FnMut(i64, f64)) {
         for &(ts, v) in samples {
-            if ts <= self.last_seen {
+            if ts <= self.last_seen.max(self.filled_until) {
                 continue;
             }
             if self.seen_real {
@@ -98,11 +102,12 @@ impl BufferCursor {
     }
 }
 
-const BUFFERS: [(Sampling, Field, &str); 4] = [
-    (Sampling::GpuUtilization, Field::GpuUtil, "nvmlDeviceGetSamples(GPU_UTILIZATION)"),
-    (Sampling::MemoryUtilization, Field::MemCopyUtil, "nvmlDeviceGetSamples(MEMORY_UTILIZATION)"),
-    (Sampling::EncoderUtilization, Field::EncUtil, "nvmlDeviceGetSamples(ENC_UTILIZATION)"),
-    (Sampling::DecoderUtilization, Field::DecUtil, "nvmlDeviceGetSamples(DEC_UTILIZATION)"),
+/// (wrapper enum, `nvmlSamplingType_t`, field, call name).
+const BUFFERS: [(Sampling, u32, Field, &str); 4] = [
+    (Sampling::GpuUtilization, 1, Field::GpuUtil, "nvmlDeviceGetSamples(GPU_UTILIZATION)"),
+    (Sampling::MemoryUtilization, 2, Field::MemCopyUtil, "nvmlDeviceGetSamples(MEMORY_UTILIZATION)"),
+    (Sampling::EncoderUtilization, 3, Field::EncUtil, "nvmlDeviceGetSamples(ENC_UTILIZATION)"),
+    (Sampling::DecoderUtilization, 4, Field::DecUtil, "nvmlDeviceGetSamples(DEC_UTILIZATION)"),
 ];
 
 pub struct UtilizationSampler {
@@ -110,12 +115,14 @@ pub struct UtilizationSampler {
     guard: Guard,
     cursors: Vec<[Option<BufferCursor>; 4]>,
     samples: Vec<(i64, f64)>,
+    /// Reused driver buffer for the raw call.
+    buf: Vec<nvml_wrapper_sys::bindings::nvmlSample_t>,
 }
 
 impl UtilizationSampler {
     pub fn new(shared: Arc<NvmlShared>) -> Self {
         let n = shared.gpus.len();
-        Self { shared, guard: Guard::default(), cursors: vec![[None; 4]; n], samples: Vec::new() }
+        Self { shared, guard: Guard::default(), cursors: vec![[None; 4]; n], samples: Vec::new(), buf: Vec::new() }
     }
 
     /// The point read, for drivers or devices without the sample buffer.
@@ -141,21 +148,32 @@ impl Sampler for UtilizationSampler {
                 continue;
             }
             let mut buffer_ok = false;
-            for (i, (sampling, field, what)) in BUFFERS.into_iter().enumerate() {
+            for (i, (sampling, raw_type, field, what)) in BUFFERS.into_iter().enumerate() {
                 if !self.guard.supported(slot, what) {
                     continue;
                 }
                 let cursor = self.cursors[slot][i].get_or_insert_with(|| BufferCursor::new(now));
-                let result = gpu.device.samples(sampling, cursor.last_seen());
-                self.samples.clear();
+                let from = cursor.query_from();
+                let result = match &self.shared.raw {
+                    // One call into a reused buffer instead of count-then-fill.
+                    // SAFETY: the handle is live for the life of the process.
+                    Some(raw) => unsafe {
+                        raw.samples_into(gpu.device.handle(), raw_type, from, &mut self.buf, &mut self.samples)
+                    },
+                    None => gpu.device.samples(sampling, from).map(|samples| {
+                        self.samples.clear();
+                        self.samples.extend(samples.iter().map(|s| (s.timestamp as i64, sample_value(&s.value))));
+                    }),
+                };
                 match result {
-                    Ok(samples) => {
-                        self.samples
-                            .extend(samples.iter().map(|s| (s.timestamp as i64, sample_value(&s.value) / 100.0)));
+                    Ok(()) => {
+                        for s in &mut self.samples {
+                            s.1 /= 100.0;
+                        }
                         self.samples.sort_by_key(|s| s.0);
                     }
                     // NOT_FOUND: nothing new since last seen — an idle GPU.
-                    Err(NvmlError::NotFound) => {}
+                    Err(NvmlError::NotFound) => self.samples.clear(),
                     Err(e) => {
                         if self.guard.record(slot, what, out, &e) == Outcome::Lost {
                             break;
@@ -168,7 +186,7 @@ impl Sampler for UtilizationSampler {
                 }
                 cursor.take(&self.samples, now, |ts, v| out.push(slot, field, v, UnixMicros(ts)));
             }
-            if !buffer_ok && !out.lost.contains(&slot) && !self.guard.supported(slot, BUFFERS[0].2) {
+            if !buffer_ok && !out.lost.contains(&slot) && !self.guard.supported(slot, BUFFERS[0].3) {
                 self.fallback(slot, now, out);
             }
         }
