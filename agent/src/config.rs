@@ -58,6 +58,9 @@ pub struct FileConfig {
     pub attribution: AttributionConfig,
     #[serde(default)]
     pub sim: SimConfig,
+    /// Shipping to the collector (used only when `agent.collector` is set).
+    #[serde(default)]
+    pub shipper: ShipperSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -109,6 +112,234 @@ impl SamplersSection {
     }
 }
 
+/// `[shipper]`: how windows travel to the collector. Durations are humantime strings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShipperSection {
+    /// The ingest bearer token (prefer `token_file` or `APRON_COLLECTOR_TOKEN`).
+    pub token: Option<String>,
+    /// A file holding the token; wins over `token`.
+    pub token_file: Option<PathBuf>,
+    pub agent_id: Option<String>,
+    pub flush_interval: Option<String>,
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_bytes: Option<ByteSize>,
+    pub request_timeout: Option<String>,
+    pub max_batch_rows: Option<i64>,
+    pub max_backoff: Option<String>,
+}
+
+/// A size in bytes: a TOML integer, or a string with a unit (`"512MiB"`, `"64 KiB"`,
+/// `"2GB"`; binary units are powers of 1024, decimal ones powers of 1000).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(i64),
+    Text(String),
+}
+
+impl ByteSize {
+    fn text(&self) -> String {
+        match self {
+            ByteSize::Bytes(n) => n.to_string(),
+            ByteSize::Text(t) => t.clone(),
+        }
+    }
+}
+
+/// Parses a size such as `512MiB`; `None` when it is not one.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1000 * 1000,
+        "MiB" => 1 << 20,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1 << 30,
+        "TB" => 1000 * 1000 * 1000 * 1000,
+        "TiB" => 1 << 40,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// Shipping settings, validated. `Debug` leaves the token out.
+#[derive(Clone)]
+pub struct ShipperConfig {
+    /// The collector's base URL, without a trailing `/`.
+    pub collector: String,
+    pub token: String,
+    pub agent_id: String,
+    pub flush_interval: Duration,
+    pub spool_dir: PathBuf,
+    pub spool_max_bytes: u64,
+    pub request_timeout: Duration,
+    pub max_batch_rows: usize,
+    pub max_backoff: Duration,
+}
+
+impl std::fmt::Debug for ShipperConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShipperConfig")
+            .field("collector", &self.collector)
+            .field("token", &"<redacted>")
+            .field("agent_id", &self.agent_id)
+            .field("flush_interval", &self.flush_interval)
+            .field("spool_dir", &self.spool_dir)
+            .field("spool_max_bytes", &self.spool_max_bytes)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_batch_rows", &self.max_batch_rows)
+            .field("max_backoff", &self.max_backoff)
+            .finish()
+    }
+}
+
+pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/apron-agent/spool";
+pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 512 << 20;
+pub const DEFAULT_MAX_BATCH_ROWS: usize = 50_000;
+const SPOOL_MIN_BYTES: u64 = 1 << 10;
+const SPOOL_MAX_BYTES: u64 = 1 << 44;
+const MAX_BATCH_ROWS: i64 = 10_000_000;
+
+/// A value that can travel in an HTTP header unchanged: visible ASCII, no spaces.
+fn header_safe(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+fn duration_in(
+    key: &str,
+    text: Option<String>,
+    default: &str,
+    min: Duration,
+    max: Duration,
+    range: &str,
+) -> Result<Duration, ConfigError> {
+    let text = text.unwrap_or_else(|| default.to_owned());
+    let d = parse_duration(key, &text)?;
+    if !(min..=max).contains(&d) {
+        return Err(invalid(key, text, range));
+    }
+    Ok(d)
+}
+
+impl ShipperSection {
+    /// Validates every value; the token is required (and `token_file` read) only when
+    /// there is a collector to ship to.
+    fn resolve(
+        self,
+        collector: Option<&str>,
+        token_override: Option<String>,
+        default_agent_id: &str,
+    ) -> Result<Option<ShipperConfig>, ConfigError> {
+        let flush_interval = duration_in(
+            "shipper.flush_interval",
+            self.flush_interval,
+            "5s",
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+            "between 100ms and 1h",
+        )?;
+        let request_timeout = duration_in(
+            "shipper.request_timeout",
+            self.request_timeout,
+            "10s",
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+            "between 100ms and 10m",
+        )?;
+        let max_backoff = duration_in(
+            "shipper.max_backoff",
+            self.max_backoff,
+            "30s",
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+            "between 100ms and 1h",
+        )?;
+        let spool_max_bytes = match &self.spool_max_bytes {
+            None => DEFAULT_SPOOL_MAX_BYTES,
+            Some(v) => {
+                let n = match v {
+                    ByteSize::Bytes(n) => u64::try_from(*n).ok(),
+                    ByteSize::Text(t) => parse_bytes(t),
+                };
+                match n {
+                    Some(n) if (SPOOL_MIN_BYTES..=SPOOL_MAX_BYTES).contains(&n) => n,
+                    _ => {
+                        return Err(invalid(
+                            "shipper.spool_max_bytes",
+                            v.text(),
+                            "a size between 1KiB and 16TiB: a number of bytes or a string such as \"512MiB\" (KiB, MiB, GiB, TiB; KB, MB, GB, TB)",
+                        ));
+                    }
+                }
+            }
+        };
+        let max_batch_rows = match self.max_batch_rows {
+            None => DEFAULT_MAX_BATCH_ROWS,
+            Some(n) if (1..=MAX_BATCH_ROWS).contains(&n) => usize::try_from(n).unwrap_or(DEFAULT_MAX_BATCH_ROWS),
+            Some(n) => return Err(invalid("shipper.max_batch_rows", n.to_string(), "between 1 and 10000000")),
+        };
+        let agent_id = self.agent_id.unwrap_or_else(|| default_agent_id.to_owned());
+        if !header_safe(&agent_id) || agent_id.len() > 253 {
+            return Err(invalid("shipper.agent_id", agent_id, "1 to 253 visible ASCII characters, no spaces"));
+        }
+        let spool_dir = self.spool_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_SPOOL_DIR));
+        if spool_dir.as_os_str().is_empty() {
+            return Err(invalid("shipper.spool_dir", "", "a directory path"));
+        }
+
+        let Some(collector) = collector else { return Ok(None) };
+        // ureq is built without TLS for now (it will be a cargo feature); an https URL
+        // would fail on every request and fill the spool, so say so at start.
+        if !collector.starts_with("http://") {
+            return Err(invalid(
+                "agent.collector",
+                collector,
+                "an http:// URL (this build has no TLS support for https://)",
+            ));
+        }
+        let (token, key, shown) = if let Some(t) = token_override {
+            (t, "APRON_COLLECTOR_TOKEN", "<from the environment>".to_owned())
+        } else if let Some(path) = &self.token_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                invalid(
+                    "shipper.token_file",
+                    path.display().to_string(),
+                    format!("a readable file holding the token ({e})"),
+                )
+            })?;
+            (text.trim().to_owned(), "shipper.token_file", path.display().to_string())
+        } else if let Some(t) = self.token {
+            (t, "shipper.token", "<hidden>".to_owned())
+        } else {
+            return Err(invalid(
+                "shipper.token",
+                "",
+                "a collector is set, so an ingest token is required: set shipper.token_file, shipper.token or APRON_COLLECTOR_TOKEN",
+            ));
+        };
+        if !header_safe(&token) {
+            return Err(invalid(key, shown, "a non-empty token of visible ASCII characters, no spaces"));
+        }
+        Ok(Some(ShipperConfig {
+            collector: collector.trim_end_matches('/').to_owned(),
+            token,
+            agent_id,
+            flush_interval,
+            spool_dir,
+            spool_max_bytes,
+            request_timeout,
+            max_batch_rows,
+            max_backoff,
+        }))
+    }
+}
+
 /// Command-line (and `APRON_*` environment) overrides; `None` leaves the file's value.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
@@ -119,6 +350,8 @@ pub struct Overrides {
     pub window: Option<String>,
     pub hostname: Option<String>,
     pub windows_out: Option<PathBuf>,
+    /// The ingest token (`APRON_COLLECTOR_TOKEN`); wins over the file's.
+    pub collector_token: Option<String>,
 }
 
 /// Everything the agent runs on, validated.
@@ -137,6 +370,8 @@ pub struct AgentConfig {
     pub intervals: BTreeMap<FieldGroup, Duration>,
     pub attribution: AttributionConfig,
     pub sim: SimConfig,
+    /// Shipping to the collector; `None` without a collector.
+    pub shipper: Option<ShipperConfig>,
 }
 
 /// The window length must divide evenly into whole windows per minute and stay within
@@ -196,6 +431,7 @@ impl FileConfig {
         if let Some(url) = collector.as_ref().filter(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
             return Err(invalid("agent.collector", url, "an http:// or https:// URL"));
         }
+        let shipper = self.shipper.resolve(collector.as_deref(), o.collector_token, hostname.as_str())?;
 
         let mut disabled = Vec::new();
         for name in &self.samplers.disabled {
@@ -237,6 +473,7 @@ impl FileConfig {
             intervals,
             attribution: self.attribution,
             sim: self.sim,
+            shipper,
         })
     }
 }
@@ -293,6 +530,87 @@ mod tests {
             .expect("valid");
         assert_eq!(c.source, SourceKind::Sim);
         assert_eq!(c.window, Duration::from_secs(5));
+    }
+
+    fn shipper(text: &str) -> Result<Option<ShipperConfig>, ConfigError> {
+        Ok(resolve(&format!("[agent]\ncollector = \"http://c:9402/\"\n{text}"))?.shipper)
+    }
+
+    #[test]
+    fn shipper_defaults_and_switch() {
+        assert!(resolve("[shipper]\ntoken = \"t\"\n").expect("valid").shipper.is_none(), "no collector, no shipper");
+        let s = shipper("[shipper]\ntoken = \"s3cret\"\n").expect("valid").expect("shipper");
+        assert_eq!(s.collector, "http://c:9402");
+        assert_eq!(s.agent_id, "node-1", "the host name by default");
+        assert_eq!(s.flush_interval, Duration::from_secs(5));
+        assert_eq!(s.request_timeout, Duration::from_secs(10));
+        assert_eq!(s.max_backoff, Duration::from_secs(30));
+        assert_eq!(s.spool_dir, PathBuf::from(DEFAULT_SPOOL_DIR));
+        assert_eq!(s.spool_max_bytes, 512 * 1024 * 1024);
+        assert_eq!(s.max_batch_rows, 50_000);
+        assert!(!format!("{s:?}").contains("s3cret"), "Debug hides the token");
+    }
+
+    #[test]
+    fn shipper_token_is_required_and_the_file_wins() {
+        let msg = shipper("").expect_err("no token").to_string();
+        assert!(msg.contains("shipper.token_file") && msg.contains("APRON_COLLECTOR_TOKEN"), "{msg}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        std::fs::write(&path, "from-file\n").expect("write");
+        let s = shipper(&format!("[shipper]\ntoken = \"inline\"\ntoken_file = {:?}\n", path.display().to_string()))
+            .expect("valid")
+            .expect("shipper");
+        assert_eq!(s.token, "from-file");
+
+        let msg = shipper("[shipper]\ntoken_file = \"/nonexistent/token\"\n").expect_err("unreadable").to_string();
+        assert!(msg.contains("shipper.token_file") && msg.contains("/nonexistent/token"), "{msg}");
+        let msg = shipper("[shipper]\ntoken = \"two words\"\n").expect_err("spaces").to_string();
+        assert!(msg.contains("shipper.token") && !msg.contains("two words"), "the token is not echoed: {msg}");
+
+        let file =
+            FileConfig::parse("[agent]\ncollector = \"http://c\"\n[shipper]\ntoken = \"a\"\n", Path::new("a.toml"))
+                .expect("parses");
+        let o = Overrides { collector_token: Some("env".into()), ..Default::default() };
+        assert_eq!(file.resolve(o, "h").expect("valid").shipper.expect("shipper").token, "env");
+    }
+
+    #[test]
+    fn shipper_values_are_checked() {
+        let base = "[shipper]\ntoken = \"t\"\n";
+        let ok = |extra: &str| shipper(&format!("{base}{extra}")).expect("valid").expect("shipper");
+        assert_eq!(ok("spool_max_bytes = \"64KiB\"\n").spool_max_bytes, 65536);
+        assert_eq!(ok("spool_max_bytes = \"2 GB\"\n").spool_max_bytes, 2_000_000_000);
+        assert_eq!(ok("spool_max_bytes = 4096\n").spool_max_bytes, 4096);
+        assert_eq!(ok("agent_id = \"rack7-node3\"\nmax_batch_rows = 10\n").max_batch_rows, 10);
+        let bad = |extra: &str, key: &str, value: &str| {
+            let msg = shipper(&format!("{base}{extra}")).expect_err(extra).to_string();
+            assert!(msg.contains(key) && msg.contains(value), "{extra}: {msg}");
+        };
+        bad("spool_max_bytes = \"lots\"\n", "shipper.spool_max_bytes", "lots");
+        bad("spool_max_bytes = 10\n", "shipper.spool_max_bytes", "1KiB");
+        bad("spool_max_bytes = \"5PiB\"\n", "shipper.spool_max_bytes", "5PiB");
+        bad("flush_interval = \"10ms\"\n", "shipper.flush_interval", "between 100ms and 1h");
+        bad("request_timeout = \"never\"\n", "shipper.request_timeout", "never");
+        bad("max_batch_rows = 0\n", "shipper.max_batch_rows", "between 1 and 10000000");
+        bad("agent_id = \"a b\"\n", "shipper.agent_id", "no spaces");
+        bad("max_backoff = \"2h\"\n", "shipper.max_backoff", "2h");
+        let msg = shipper("[shipper]\ntokn = \"t\"\n").expect_err("unknown key").to_string();
+        assert!(msg.contains("tokn"), "{msg}");
+        let msg =
+            resolve("[agent]\ncollector = \"https://c\"\n[shipper]\ntoken = \"t\"\n").expect_err("tls").to_string();
+        assert!(msg.contains("agent.collector") && msg.contains("TLS"), "{msg}");
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
+        assert_eq!(parse_bytes("1kB"), Some(1000));
+        assert_eq!(parse_bytes("7"), Some(7));
+        assert_eq!(parse_bytes("1.5GiB"), None);
+        assert_eq!(parse_bytes("MiB"), None);
+        assert_eq!(parse_bytes("99999999999TiB"), None, "overflow is an error");
     }
 
     #[test]

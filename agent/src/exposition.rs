@@ -65,6 +65,40 @@ pub struct SamplerStats {
     pub up: bool,
 }
 
+/// Batches and rows a table has had acknowledged.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TableShipped {
+    pub batches: u64,
+    pub rows: u64,
+}
+
+/// Shipping to the collector (`crate::ship`); present only when a collector is set.
+#[derive(Debug, Default, Clone)]
+pub struct ShipStats {
+    /// Acknowledged batches and rows per table.
+    pub sent: BTreeMap<&'static str, TableShipped>,
+    /// Acknowledgements that said the collector already had the batch.
+    pub duplicates: u64,
+    /// Attempts that failed and will be retried.
+    pub retries: u64,
+    /// Batches the collector refused for good (moved to `rejected/`).
+    pub rejected_batches: u64,
+    /// Batches written to the spool.
+    pub spooled_batches: u64,
+    pub spool_bytes: u64,
+    pub spool_files: u64,
+    /// Batches (rows) dropped because the spool was full or could not be written.
+    pub spool_dropped_batches: u64,
+    pub spool_dropped_rows: u64,
+    /// Unix seconds of the last acknowledgement.
+    pub last_success_time: Option<f64>,
+    /// Seconds from request to acknowledgement, summed over acknowledged batches.
+    pub ack_seconds: f64,
+    /// Whether the collector took the last request (2xx or a final 4xx), `None` before
+    /// the first; false while requests fail and are retried.
+    pub collector_up: Option<bool>,
+}
+
 /// Everything `/metrics` shows. Updated by the sampling side, read by scrapes.
 #[derive(Debug, Default)]
 pub struct AgentState {
@@ -79,6 +113,7 @@ pub struct AgentState {
     pub windows_total: u64,
     pub late_readings: u64,
     pub dropped_windows: u64,
+    pub ship: Option<ShipStats>,
 }
 
 impl AgentState {
@@ -786,6 +821,9 @@ fn encode_self(enc: &mut DescriptorEncoder, st: &AgentState) -> Result<(), std::
         MetricType::Counter,
         &[(vec![], st.dropped_windows as f64)],
     )?;
+    if let Some(ship) = &st.ship {
+        encode_ship(enc, ship)?;
+    }
     let me = selfstats::read();
     if let Some(cpu) = me.cpu_seconds {
         family(
@@ -824,6 +862,82 @@ fn encode_self(enc: &mut DescriptorEncoder, st: &AgentState) -> Result<(), std::
         MetricType::Gauge,
         &[(build, 1.0)],
     )
+}
+
+fn encode_ship(enc: &mut DescriptorEncoder, s: &ShipStats) -> Result<(), std::fmt::Error> {
+    let one = |v: f64| -> Series { vec![(vec![], v)] };
+    let per_table = |get: fn(&TableShipped) -> u64| -> Series {
+        ["gpu_samples", "gpu_processes"]
+            .iter()
+            .map(|t| {
+                let v = s.sent.get(t).map_or(0, get);
+                (vec![("table".into(), (*t).to_owned())], v as f64)
+            })
+            .collect()
+    };
+    let counters: [(&str, &str, Series); 9] = [
+        ("apron_agent_ship_batches", "Batches the collector acknowledged.", per_table(|t| t.batches)),
+        ("apron_agent_ship_rows", "Rows in acknowledged batches.", per_table(|t| t.rows)),
+        (
+            "apron_agent_ship_duplicate_batches",
+            "Acknowledged batches the collector already had (a retried request).",
+            one(s.duplicates as f64),
+        ),
+        ("apron_agent_ship_retries", "Requests that failed and are retried.", one(s.retries as f64)),
+        (
+            "apron_agent_ship_rejected_batches",
+            "Batches the collector refused for good (400, 413, 422), kept in the spool's rejected/ directory.",
+            one(s.rejected_batches as f64),
+        ),
+        ("apron_agent_ship_spooled_batches", "Batches written to the on-disk spool.", one(s.spooled_batches as f64)),
+        (
+            "apron_agent_spool_dropped_batches",
+            "Batches dropped, oldest first, because the spool was full (or could not be written).",
+            one(s.spool_dropped_batches as f64),
+        ),
+        ("apron_agent_spool_dropped_rows", "Rows in dropped batches.", one(s.spool_dropped_rows as f64)),
+        (
+            "apron_agent_ship_ack_duration_seconds",
+            "Seconds from request to acknowledgement, summed over acknowledged batches.",
+            one(s.ack_seconds),
+        ),
+    ];
+    for (name, help, series) in &counters {
+        family(enc, name, help, MetricType::Counter, series)?;
+    }
+    family(
+        enc,
+        "apron_agent_spool_bytes",
+        "Bytes in the on-disk spool.",
+        MetricType::Gauge,
+        &one(s.spool_bytes as f64),
+    )?;
+    family(
+        enc,
+        "apron_agent_spool_files",
+        "Batches in the on-disk spool.",
+        MetricType::Gauge,
+        &one(s.spool_files as f64),
+    )?;
+    if let Some(up) = s.collector_up {
+        family(
+            enc,
+            "apron_agent_ship_collector_up",
+            "1 when the collector took the last request (acknowledged or refused for good), 0 while requests fail and are retried.",
+            MetricType::Gauge,
+            &one(if up { 1.0 } else { 0.0 }),
+        )?;
+    }
+    if let Some(t) = s.last_success_time {
+        family(
+            enc,
+            "apron_agent_ship_last_success_time_seconds",
+            "When the collector last acknowledged a batch, Unix seconds.",
+            MetricType::Gauge,
+            &one(t),
+        )?;
+    }
+    Ok(())
 }
 
 /// Builds the registry serving `state`.
@@ -949,6 +1063,22 @@ mod tests {
             pod_uid: None,
             job_id: None,
         });
+        let mut ship = ShipStats {
+            duplicates: 1,
+            retries: 4,
+            rejected_batches: 1,
+            spooled_batches: 6,
+            spool_bytes: 8192,
+            spool_files: 2,
+            spool_dropped_batches: 1,
+            spool_dropped_rows: 16,
+            last_success_time: Some(1_700_000_000.5),
+            ack_seconds: 0.25,
+            collector_up: Some(true),
+            ..Default::default()
+        };
+        ship.sent.insert("gpu_samples", TableShipped { batches: 10, rows: 160 });
+        st.ship = Some(ship);
         render(&registry(SharedState::new(st)), format).expect("renders")
     }
 

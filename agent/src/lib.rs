@@ -11,7 +11,9 @@
 //!        │                          │ closed GpuWindow rows
 //!        └──── processes ──────────►▼
 //!                              AgentState ──► /metrics (OpenMetrics, scrape-time encoding)
-//!                                   └───────► sinks (JSON lines today; the collector later)
+//!                                   └───────► sinks: JSON lines (debugging)
+//!                                                    ShipperSink ─► shipper thread ─► collector
+//!                                                                         └─► on-disk spool
 //! ```
 //!
 //! - [`config`]: TOML file + overrides → [`config::AgentConfig`].
@@ -22,6 +24,8 @@
 //! - [`runtime`]: sampler threads and the aggregation loop.
 //! - [`server`]: `GET /metrics`, `GET /healthz`.
 //! - [`attribution`]: PID → container, pod, Slurm job, user.
+//! - [`ship`]: Arrow IPC batches to the collector's `POST /api/v1/ingest`, with retries
+//!   and a bounded on-disk spool (`docs/ingest.md`).
 //!
 //! The library never reads the environment; `main.rs` does, and calls [`run`].
 
@@ -32,6 +36,7 @@ pub mod runtime;
 pub mod sampler;
 pub mod selfstats;
 pub mod server;
+pub mod ship;
 pub mod source;
 pub mod window;
 
@@ -61,6 +66,8 @@ pub enum AgentError {
     Thread(std::io::Error),
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Ship(#[from] ship::ShipError),
 }
 
 /// Opens the configured GPU source: NVML or the simulator.
@@ -75,11 +82,17 @@ pub fn open_source(config: &AgentConfig) -> Result<Box<dyn GpuSource>, AgentErro
     })
 }
 
-/// How long a window stays open after its end for readings that arrive late: driver
-/// sample buffers are read up to one utilisation interval after the fact.
+/// How long a window stays open after its end for readings that arrive late.
+///
+/// The latest reading is a zero-filled idle slot of the driver's sample buffer: the
+/// slot ends up to one driver period (1/6 s on data-centre parts; allow two) before it is
+/// certain, and the utilisation sampler notices at its next tick. A window closing before
+/// then would drop those readings (and bias idle means upwards).
 fn lateness(config: &AgentConfig) -> Duration {
+    const DRIVER_PERIODS: Duration = Duration::from_millis(2 * 167);
+    const MARGIN: Duration = Duration::from_millis(100);
     let util = config.intervals.get(&FieldGroup::Utilization).copied().unwrap_or(Duration::from_millis(100));
-    (util * 2).max(Duration::from_millis(250)).min(config.window)
+    (util + DRIVER_PERIODS + MARGIN).clamp(Duration::from_millis(250), Duration::from_secs(5))
 }
 
 /// Runs the agent until `shutdown` resolves: samplers, windows, and the HTTP server on
@@ -106,6 +119,12 @@ pub async fn run(
         let sink =
             JsonLinesSink::create(path).map_err(|source| AgentError::WindowsOut { path: path.clone(), source })?;
         sinks.push(Box::new(sink));
+    }
+    let mut shipper = None;
+    if let Some(ship_config) = &config.shipper {
+        let (sink, handle) = ship::start(ship_config, state.clone())?;
+        sinks.push(Box::new(sink));
+        shipper = Some((handle, ship_config.request_timeout));
     }
     let aggregation = Aggregation {
         aggregator: Aggregator::new(inventory.clone(), config.window, lateness(&config)).starting_at(UnixMicros::now()),
@@ -134,6 +153,15 @@ pub async fn run(
         }
     });
     let _ = tokio::time::timeout(Duration::from_secs(5), joined).await;
+    if let Some((handle, request_timeout)) = shipper {
+        // The aggregation thread dropped the sink on its way out, which closed the
+        // channel: the shipper sends (or spools) the last batches and exits. One request
+        // timeout bounds it, plus time for the spool writes.
+        let joined = tokio::task::spawn_blocking(move || handle.join());
+        if tokio::time::timeout(request_timeout + Duration::from_secs(5), joined).await.is_err() {
+            tracing::warn!("the shipper did not finish in time; unsent batches of this run may be lost");
+        }
+    }
     drop(source);
     served.map_err(AgentError::Serve)
 }

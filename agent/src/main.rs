@@ -28,6 +28,10 @@ struct Args {
     /// Collector URL to ship windows to.
     #[arg(long, env = "APRON_COLLECTOR")]
     collector: Option<String>,
+    /// Bearer token for the collector's ingest API (wins over shipper.token_file and
+    /// shipper.token). Prefer the environment variable: flags show in `ps`.
+    #[arg(long, env = "APRON_COLLECTOR_TOKEN", hide_env_values = true)]
+    collector_token: Option<String>,
     /// Row window, e.g. 1s (per-sampler intervals are set in the file).
     #[arg(long, env = "APRON_WINDOW")]
     window: Option<String>,
@@ -91,6 +95,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         window: args.window,
         hostname: args.hostname,
         windows_out: args.windows_out,
+        collector_token: args.collector_token,
     };
     let config = file.resolve(overrides, &machine_hostname())?;
     if let Some(Command::Probe { repeats, json }) = args.command {

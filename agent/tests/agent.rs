@@ -638,3 +638,444 @@ fn probe_reports_support_and_call_cost() {
     assert_eq!(call("GPU-0", "nvmlGpmQueryDeviceSupport")["value"], "true");
     assert_eq!(call("GPU-0", "nvmlGpmMetricsGet")["outcome"], "ok");
 }
+
+// ---------------------------------------------------------------------------------------
+// Shipping to the collector: a fake collector in the test records every request.
+// ---------------------------------------------------------------------------------------
+
+mod fake_collector {
+    use std::collections::HashSet;
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use apron_common::wire::{self, Table};
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::TimestampMicrosecondType;
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::{IntoResponse, Response};
+
+    pub const TOKEN: &str = "test-token-0123";
+
+    /// One request as the fake collector saw it.
+    #[derive(Clone, Debug)]
+    pub struct Received {
+        pub table: String,
+        pub agent: String,
+        pub epoch: String,
+        pub seq: u64,
+        pub authorization: String,
+        pub content_type: String,
+        pub status: u16,
+        /// The collector already had (epoch, seq): a retry.
+        pub duplicate: bool,
+        pub rows: usize,
+        /// gpu_samples: (gpu_uuid, time µs) of every row.
+        pub windows: Vec<(String, i64)>,
+    }
+
+    #[derive(Clone, Default)]
+    struct Shared {
+        log: Arc<Mutex<Vec<Received>>>,
+        seen: Arc<Mutex<HashSet<(String, u64)>>>,
+        /// Answer 422 to every batch of this table.
+        reject_table: Option<&'static str>,
+    }
+
+    /// A collector speaking the ingest protocol (docs/ingest.md), acknowledging on
+    /// receipt and deduplicating on (epoch, sequence). `stop` closes the listener, so
+    /// the agent gets connection refused; `restart` listens on the same port again.
+    pub struct FakeCollector {
+        rt: tokio::runtime::Runtime,
+        pub addr: SocketAddr,
+        shared: Shared,
+        running: Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    }
+
+    impl FakeCollector {
+        pub fn start(reject_table: Option<&'static str>) -> FakeCollector {
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+            let shared = Shared { reject_table, ..Default::default() };
+            let mut f = FakeCollector { rt, addr: "127.0.0.1:0".parse().expect("addr"), shared, running: None };
+            f.listen();
+            f
+        }
+
+        pub fn url(&self) -> String {
+            format!("http://{}", self.addr)
+        }
+
+        fn listen(&mut self) {
+            let listener = self.rt.block_on(tokio::net::TcpListener::bind(self.addr)).expect("bind");
+            self.addr = listener.local_addr().expect("addr");
+            let router = axum::Router::new()
+                .route("/api/v1/ingest", axum::routing::post(ingest))
+                .with_state(self.shared.clone());
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = self.rt.spawn(async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.await;
+                    })
+                    .await;
+            });
+            self.running = Some((tx, task));
+        }
+
+        pub fn stop(&mut self) {
+            if let Some((tx, task)) = self.running.take() {
+                let _ = tx.send(());
+                let abort = task.abort_handle();
+                if self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await }).is_err() {
+                    abort.abort();
+                }
+            }
+        }
+
+        pub fn restart(&mut self) {
+            self.listen();
+        }
+
+        pub fn requests(&self) -> Vec<Received> {
+            self.shared.log.lock().expect("lock").clone()
+        }
+
+        /// Requests stored (2xx, not duplicates), in arrival order.
+        pub fn stored(&self) -> Vec<Received> {
+            self.requests().into_iter().filter(|r| r.status == 200 && !r.duplicate).collect()
+        }
+
+        pub fn stored_of(&self, table: &str) -> usize {
+            self.stored().iter().filter(|r| r.table == table).count()
+        }
+    }
+
+    impl Drop for FakeCollector {
+        fn drop(&mut self) {
+            self.stop();
+        }
+    }
+
+    fn error(status: StatusCode, error: &str, detail: &str) -> Response {
+        (status, axum::Json(serde_json::json!({ "error": error, "detail": detail }))).into_response()
+    }
+
+    async fn ingest(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+        let h = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        let mut r = Received {
+            table: h(wire::headers::TABLE),
+            agent: h(wire::headers::AGENT),
+            epoch: h(wire::headers::EPOCH),
+            seq: h(wire::headers::SEQUENCE).parse().unwrap_or(0),
+            authorization: h("authorization"),
+            content_type: h("content-type"),
+            status: 200,
+            duplicate: false,
+            rows: 0,
+            windows: Vec::new(),
+        };
+        let record = |r: Received| shared.log.lock().expect("lock").push(r);
+        if r.authorization != format!("Bearer {TOKEN}") {
+            record(Received { status: 401, ..r });
+            return error(StatusCode::UNAUTHORIZED, "unauthorized", "bad token");
+        }
+        let Some(table) = Table::from_name(&r.table) else {
+            record(Received { status: 400, ..r });
+            return error(StatusCode::BAD_REQUEST, "bad request", "unknown table");
+        };
+        if shared.reject_table == Some(table.name()) {
+            record(Received { status: 422, ..r });
+            return error(StatusCode::UNPROCESSABLE_ENTITY, "wrong schema", "injected by the test for this table");
+        }
+        let batches = match wire::decode_ipc(&body, table, 1_000_000) {
+            Ok(b) => b,
+            Err(e) => {
+                record(Received { status: 400, ..r });
+                return error(StatusCode::BAD_REQUEST, "malformed", &e.to_string());
+            }
+        };
+        for b in &batches {
+            r.rows += b.num_rows();
+            if table == Table::GpuSamples {
+                let uuid = b.column_by_name("gpu_uuid").expect("gpu_uuid").as_string::<i32>();
+                let time = b.column_by_name("time").expect("time").as_primitive::<TimestampMicrosecondType>();
+                for i in 0..b.num_rows() {
+                    r.windows.push((uuid.value(i).to_owned(), time.value(i)));
+                }
+            }
+        }
+        r.duplicate = !shared.seen.lock().expect("lock").insert((r.epoch.clone(), r.seq));
+        let body = serde_json::json!({ "rows": r.rows, "duplicate": r.duplicate });
+        record(r);
+        (StatusCode::OK, axum::Json(body)).into_response()
+    }
+}
+
+use fake_collector::{FakeCollector, TOKEN};
+
+/// Starts the agent with extra environment variables.
+fn start_agent_env(args: &[&str], env: &[(&str, &str)]) -> Agent {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stderr = dir.path().join("stderr.log");
+    let mut child = Command::new(AGENT)
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--hostname", "test-node"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("agent starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read stdout");
+    let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+        let _ = child.kill();
+        panic!("agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+    };
+    Agent { child, addr, stderr, _dir: dir }
+}
+
+/// A simulated fleet that ships every second with fast retries; `collector: None`
+/// leaves it to `--collector`, `token: false` to `APRON_COLLECTOR_TOKEN`.
+fn ship_config(dir: &Path, collector: Option<&str>, token: bool, extra: &str) -> PathBuf {
+    let mut text = String::from("[agent]\nsource = \"sim\"\n");
+    if let Some(c) = collector {
+        text += &format!("collector = {c:?}\n");
+    }
+    text += "[samplers]\nprocesses = \"1s\"\n[shipper]\n";
+    if token {
+        text += &format!("token = {TOKEN:?}\n");
+    }
+    text += &format!(
+        "spool_dir = {:?}\nflush_interval = \"1s\"\nrequest_timeout = \"2s\"\nmax_backoff = \"1s\"\n{extra}",
+        spool_dir(dir).display().to_string()
+    );
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn spool_dir(dir: &Path) -> PathBuf {
+    dir.join("spool")
+}
+
+/// `*.arrows` files in a directory, sorted (= send order).
+fn spool_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    v.retain(|n| n.ends_with(".arrows"));
+    v.sort();
+    v
+}
+
+/// (epoch, sequence) of a spool file name `<epoch>-<seq>.<table>.arrows`.
+fn spool_key(name: &str) -> (String, u64) {
+    let stem = name.split('.').next().expect("stem");
+    let (epoch, seq) = stem.rsplit_once('-').expect("epoch-seq");
+    (epoch.to_owned(), seq.parse().expect("sequence"))
+}
+
+/// The sum of a family's samples (all label sets), `None` when absent.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
+        .map(sample_value)
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// A loopback URL where nothing listens.
+fn closed_port_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}")
+}
+
+#[test]
+fn ships_both_tables_with_headers_token_and_sequences() {
+    let fake = FakeCollector::start(None);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ship_config(dir.path(), None, false, "");
+    let windows_out = dir.path().join("windows.jsonl");
+    let agent = start_agent_env(
+        &[
+            "--config",
+            config.to_str().expect("utf8"),
+            "--source",
+            "sim",
+            "--collector",
+            &fake.url(),
+            "--windows-out",
+            windows_out.to_str().expect("utf8"),
+        ],
+        &[("APRON_COLLECTOR_TOKEN", TOKEN)],
+    );
+    poll("both tables shipped", Duration::from_secs(15), || {
+        (fake.stored_of("gpu_samples") >= 3 && fake.stored_of("gpu_processes") >= 1).then_some(())
+    });
+    let text = agent.metrics();
+    assert!(metric(&text, "apron_agent_ship_batches_total").expect("ship metrics") >= 4.0, "{text}");
+    assert!(text.contains("apron_agent_ship_last_success_time_seconds "), "{text}");
+    assert_eq!(metric(&text, "apron_agent_ship_collector_up"), Some(1.0));
+    let stderr = agent.stop();
+
+    let reqs = fake.requests();
+    assert!(reqs.iter().all(|r| r.status == 200 && !r.duplicate), "{reqs:?}\n{stderr}");
+    let epoch = &reqs[0].epoch;
+    assert_eq!(epoch.len(), 36, "a UUID: {epoch}");
+    for r in &reqs {
+        assert_eq!(r.authorization, format!("Bearer {TOKEN}"));
+        assert_eq!(r.content_type, "application/vnd.apache.arrow.stream");
+        assert_eq!(r.agent, "test-node", "the host name is the default agent id");
+        assert_eq!(&r.epoch, epoch, "one epoch per process");
+        assert!(r.rows > 0, "no empty requests: {r:?}");
+    }
+    // One counter for both tables, from 1, one per request, nothing skipped.
+    let seqs: Vec<u64> = reqs.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, (1..=reqs.len() as u64).collect::<Vec<_>>());
+    // Everything closed was shipped, the last flush at shutdown included.
+    let mut closed: Vec<(String, i64)> = windows(&windows_out)
+        .iter()
+        .map(|w| (w["gpu"]["gpu_uuid"].as_str().expect("uuid").to_owned(), w["time"].as_i64().expect("time")))
+        .collect();
+    let mut shipped: Vec<(String, i64)> = reqs.iter().flat_map(|r| r.windows.clone()).collect();
+    closed.sort();
+    shipped.sort();
+    assert_eq!(shipped, closed);
+}
+
+#[test]
+fn collector_outage_spools_then_delivers_everything_once_in_order() {
+    let mut fake = FakeCollector::start(None);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ship_config(dir.path(), Some(&fake.url()), true, "");
+    let windows_out = dir.path().join("windows.jsonl");
+    let agent = Agent::start(
+        &["--config", config.to_str().expect("utf8"), "--windows-out", windows_out.to_str().expect("utf8")],
+        None,
+    );
+    poll("first batches", Duration::from_secs(10), || (fake.stored_of("gpu_samples") >= 2).then_some(()));
+
+    fake.stop();
+    let before = fake.requests().len();
+    poll("batches spooled during the outage", Duration::from_secs(15), || {
+        let text = agent.metrics();
+        (metric(&text, "apron_agent_spool_files")? >= 4.0 && metric(&text, "apron_agent_ship_retries_total")? >= 1.0)
+            .then_some(())
+    });
+    assert!(!spool_files(&spool_dir(dir.path())).is_empty());
+    assert_eq!(metric(&agent.metrics(), "apron_agent_ship_collector_up"), Some(0.0));
+
+    fake.restart();
+    poll("spool drained", Duration::from_secs(15), || {
+        let text = agent.metrics();
+        (metric(&text, "apron_agent_spool_files")? == 0.0 && fake.requests().len() > before + 4).then_some(())
+    });
+    let stderr = agent.stop();
+    assert!(stderr.contains("spooling to") && stderr.contains("collector reachable again"), "{stderr}");
+
+    let stored = fake.stored();
+    // Sent in order: sequence numbers strictly increase in arrival order, and so do
+    // the windows' times.
+    for pair in stored.windows(2) {
+        assert!(pair[0].seq < pair[1].seq, "out of order: {} then {}", pair[0].seq, pair[1].seq);
+    }
+    let times: Vec<i64> = stored.iter().flat_map(|r| r.windows.iter().map(|w| w.1)).collect();
+    assert!(times.windows(2).all(|t| t[0] <= t[1]), "window times go backwards");
+    // Every window the agent closed arrived exactly once.
+    let mut closed: Vec<(String, i64)> = windows(&windows_out)
+        .iter()
+        .map(|w| (w["gpu"]["gpu_uuid"].as_str().expect("uuid").to_owned(), w["time"].as_i64().expect("time")))
+        .collect();
+    let mut shipped: Vec<(String, i64)> = stored.iter().flat_map(|r| r.windows.clone()).collect();
+    closed.sort();
+    shipped.sort();
+    assert_eq!(shipped.len(), closed.len(), "{stderr}");
+    assert_eq!(shipped, closed);
+    assert!(spool_files(&spool_dir(dir.path())).is_empty());
+}
+
+#[test]
+fn full_spool_drops_the_oldest_batches_and_counts_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let max = 64 * 1024;
+    let config = ship_config(dir.path(), Some(&closed_port_url()), true, "spool_max_bytes = \"64KiB\"\n");
+    let agent = Agent::start(&["--config", config.to_str().expect("utf8")], None);
+    let text = poll("batches dropped from the full spool", Duration::from_secs(20), || {
+        let text = agent.metrics();
+        (metric(&text, "apron_agent_spool_dropped_batches_total")? >= 3.0).then_some(text)
+    });
+    assert!(metric(&text, "apron_agent_spool_dropped_rows_total").expect("rows") > 0.0, "{text}");
+    assert!(metric(&text, "apron_agent_spool_bytes").expect("bytes") <= max as f64, "{text}");
+    let spool = spool_dir(dir.path());
+    let files = spool_files(&spool);
+    let on_disk: u64 = files.iter().map(|f| std::fs::metadata(spool.join(f)).map_or(0, |m| m.len())).sum();
+    assert!(on_disk <= max, "{on_disk} bytes on disk");
+    assert!(files.len() >= 2, "the spool still holds the newest batches: {files:?}");
+    // The oldest went first: the first batches of this run are gone, the latest kept.
+    let seqs: Vec<u64> = files.iter().map(|f| spool_key(f).1).collect();
+    assert!(seqs[0] > 1, "{seqs:?}");
+    assert!(metric(&text, "apron_agent_ship_batches_total").unwrap_or(0.0) == 0.0);
+    agent.stop();
+}
+
+#[test]
+fn rejected_batches_move_aside_and_shipping_goes_on() {
+    let fake = FakeCollector::start(Some("gpu_processes"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ship_config(dir.path(), Some(&fake.url()), true, "");
+    let agent = Agent::start(&["--config", config.to_str().expect("utf8")], None);
+    poll("rejections counted while samples keep flowing", Duration::from_secs(15), || {
+        let text = agent.metrics();
+        (metric(&text, "apron_agent_ship_rejected_batches_total")? >= 2.0 && fake.stored_of("gpu_samples") >= 4)
+            .then_some(())
+    });
+    let rejected = spool_dir(dir.path()).join("rejected");
+    let files = spool_files(&rejected);
+    assert!(files.len() >= 2 && files.iter().all(|f| f.ends_with(".gpu_processes.arrows")), "{files:?}");
+    let reason = std::fs::read_to_string(rejected.join(format!("{}.error", files[0]))).expect("reason file");
+    assert!(reason.contains("422") && reason.contains("injected by the test"), "{reason}");
+    // A rejected batch is not retried.
+    let procs: Vec<u64> = fake.requests().iter().filter(|r| r.table == "gpu_processes").map(|r| r.seq).collect();
+    let unique: std::collections::HashSet<_> = procs.iter().collect();
+    assert_eq!(unique.len(), procs.len(), "{procs:?}");
+    let stderr = agent.stop();
+    assert_eq!(stderr.matches("refused a batch for good").count(), 1, "logged once per status:\n{stderr}");
+    assert!(stderr.contains("injected by the test"), "{stderr}");
+}
+
+#[test]
+fn a_restarted_agent_drains_the_previous_runs_spool_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spool = spool_dir(dir.path());
+    let down = closed_port_url();
+    let config = ship_config(dir.path(), Some(&down), true, "");
+    let first = Agent::start(&["--config", config.to_str().expect("utf8")], None);
+    poll("spooled batches", Duration::from_secs(15), || (spool_files(&spool).len() >= 3).then_some(()));
+    first.stop();
+    let left: Vec<(String, u64)> = spool_files(&spool).iter().map(|f| spool_key(f)).collect();
+    assert!(left.len() >= 3);
+    let old_epoch = left[0].0.clone();
+
+    let fake = FakeCollector::start(None);
+    let config = ship_config(dir.path(), Some(&fake.url()), true, "");
+    let second = Agent::start(&["--config", config.to_str().expect("utf8")], None);
+    poll("old spool drained and new batches shipped", Duration::from_secs(15), || {
+        let stored = fake.stored();
+        let new = stored.iter().filter(|r| r.epoch != old_epoch).count();
+        (spool_files(&spool).is_empty() && new >= 2).then_some(())
+    });
+    second.stop();
+    let stored: Vec<(String, u64)> = fake.stored().iter().map(|r| (r.epoch.clone(), r.seq)).collect();
+    // The earlier run's batches, with their own epoch and sequence numbers, all came
+    // first and in order; then the new epoch from 1.
+    assert_eq!(&stored[..left.len()], &left[..]);
+    assert!(stored[left.len()..].iter().all(|(e, _)| *e != old_epoch), "{stored:?}");
+    assert_eq!(stored[left.len()].1, 1, "{stored:?}");
+}

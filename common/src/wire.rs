@@ -235,9 +235,8 @@ pub enum WireError {
 
 /// An IPC stream of `batch`, buffers zstd-compressed.
 pub fn encode_ipc(batch: &RecordBatch) -> Result<Vec<u8>, WireError> {
-    let options = IpcWriteOptions::default()
-        .try_with_compression(Some(CompressionType::ZSTD))
-        .map_err(WireError::Encode)?;
+    let options =
+        IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD)).map_err(WireError::Encode)?;
     let mut out = Vec::new();
     let mut w = StreamWriter::try_new_with_options(&mut out, batch.schema_ref(), options).map_err(WireError::Encode)?;
     w.write(batch).map_err(WireError::Encode)?;
