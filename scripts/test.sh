@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-test-tools.sh >/dev/null
+# Tests that need an external tool or privilege fail instead of skipping.
+export APRON_REQUIRE_TOOLS=1
 # `cargo test` builds libraries as rlibs only; the end-to-end tests load the fake
 # libnvidia-ml.so (a cdylib) by path, so build those first (same profile: no rebuild).
 cargo build --quiet -p apron-fake-nvml -p apron-fake-nvml-legacy

@@ -77,6 +77,7 @@ pub fn open_source(config: &AgentConfig) -> Result<Box<dyn GpuSource>, AgentErro
             config.nvml_lib.as_deref(),
             &config.hostname,
             config.cluster.as_ref(),
+            config.window,
         )?),
         SourceKind::Sim => Box::new(source::sim::SimSource::new(&config.sim, config.cluster.clone())?),
     })

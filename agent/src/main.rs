@@ -99,7 +99,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let config = file.resolve(overrides, &machine_hostname())?;
     if let Some(Command::Probe { repeats, json }) = args.command {
-        let source = NvmlSource::open(config.nvml_lib.as_deref(), &config.hostname, config.cluster.as_ref())?;
+        let source =
+            NvmlSource::open(config.nvml_lib.as_deref(), &config.hostname, config.cluster.as_ref(), config.window)?;
         let report = probe::probe(&source, repeats.max(1));
         if json {
             println!("{}", serde_json::to_string_pretty(&report)?);

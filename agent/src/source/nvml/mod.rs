@@ -9,6 +9,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use apron_common::{ClusterName, GpuIdentity, GpuUuid, HostName};
 use nvml_wrapper::Device;
@@ -80,6 +81,8 @@ pub struct NvmlShared {
     pub nvml: &'static Nvml,
     pub raw: Option<RawNvml>,
     pub gpus: Vec<NvmlGpu>,
+    /// The row window, for samplers that pace work to window boundaries.
+    pub window: Duration,
 }
 
 impl NvmlShared {
@@ -113,7 +116,12 @@ pub struct NvmlSource {
 impl NvmlSource {
     /// Loads NVML from `lib` (or the default name through the loader path) and
     /// enumerates GPUs and MIG instances.
-    pub fn open(lib: Option<&Path>, host: &HostName, cluster: Option<&ClusterName>) -> Result<Self, NvmlSourceError> {
+    pub fn open(
+        lib: Option<&Path>,
+        host: &HostName,
+        cluster: Option<&ClusterName>,
+        window: Duration,
+    ) -> Result<Self, NvmlSourceError> {
         let lib_os: &OsStr = lib.map_or(OsStr::new(DEFAULT_LIB), Path::as_os_str);
         let lib_name = lib_os.to_string_lossy().into_owned();
         let nvml = Nvml::builder().lib_path(lib_os).init().map_err(|error| match error {
@@ -150,7 +158,7 @@ impl NvmlSource {
             gpus.extend(instances);
         }
         let inventory = gpus.iter().map(|g| g.identity.clone()).collect();
-        Ok(Self { shared: Arc::new(NvmlShared { nvml, raw, gpus }), inventory, driver_version })
+        Ok(Self { shared: Arc::new(NvmlShared { nvml, raw, gpus, window }), inventory, driver_version })
     }
 }
 
@@ -255,9 +263,10 @@ mod tests {
     #[test]
     fn missing_library_names_what_was_tried_and_the_simulator() {
         let host = HostName::new("h").expect("valid");
-        let err = NvmlSource::open(Some(Path::new("/nonexistent/libnvidia-ml.so")), &host, None)
-            .err()
-            .expect("no such library");
+        let err =
+            NvmlSource::open(Some(Path::new("/nonexistent/libnvidia-ml.so")), &host, None, Duration::from_secs(1))
+                .err()
+                .expect("no such library");
         let msg = err.to_string();
         assert!(msg.contains("/nonexistent/libnvidia-ml.so"), "{msg}");
         assert!(msg.contains("--source sim"), "{msg}");

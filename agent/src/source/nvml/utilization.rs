@@ -13,6 +13,7 @@
 //! MIG instances have no utilisation in NVML; GPM gives their activity.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use apron_common::{Field, UnixMicros};
 use nvml_wrapper::enum_wrappers::device::Sampling;
@@ -44,6 +45,20 @@ pub struct BufferCursor {
 }
 
 impl BufferCursor {
+    /// A cursor whose zero-fill grid continues the driver's: `newest` is the newest
+    /// sample already in the buffer at start (if any), whose timestamp fixes the grid's
+    /// phase. Without it the first zero-filled slots would sit off the driver's grid and a
+    /// window could count one slot twice when activity starts.
+    pub fn anchored(start: UnixMicros, newest: Option<i64>) -> Self {
+        let mut c = Self::new(start);
+        if let Some(ts) = newest.filter(|&ts| ts <= start.0) {
+            let p = c.period;
+            c.filled_until = ts + (start.0 - ts) / p * p;
+            c.last_seen = ts;
+        }
+        c
+    }
+
     pub fn new(start: UnixMicros) -> Self {
         Self {
             last_seen: start.0,
@@ -117,12 +132,40 @@ pub struct UtilizationSampler {
     samples: Vec<(i64, f64)>,
     /// Reused driver buffer for the raw call.
     buf: Vec<nvml_wrapper_sys::bindings::nvmlSample_t>,
+    /// When the secondary buffers (memory, encoder, decoder) were last drained.
+    secondary_at: Option<UnixMicros>,
+}
+
+/// The memory-copy, encoder and decoder buffers are drained once per window, this long
+/// after each window end: by then the driver has recorded (or, idle, skipped) every slot
+/// of the window that ended, and the window is still open (it closes later, see
+/// `lateness` in lib.rs). They are buffers, about 20 s deep, so nothing is lost; it saves
+/// three calls per GPU on most ticks. `gpu_util` — the idle signal — is drained every tick.
+const SECONDARY_DELAY_US: i64 = 350_000;
+
+/// Whether a drain point `k × window + delay` lies in `(last, now]`. Windows under a
+/// second drain every tick.
+fn secondary_due(last: Option<UnixMicros>, now: UnixMicros, window: Duration) -> bool {
+    let w = i64::try_from(window.as_micros()).unwrap_or(i64::MAX);
+    let Some(last) = last else { return true };
+    if w < 1_000_000 {
+        return true;
+    }
+    let latest_point = (now.0 - SECONDARY_DELAY_US).div_euclid(w) * w + SECONDARY_DELAY_US;
+    last.0 < latest_point
 }
 
 impl UtilizationSampler {
     pub fn new(shared: Arc<NvmlShared>) -> Self {
         let n = shared.gpus.len();
-        Self { shared, guard: Guard::default(), cursors: vec![[None; 4]; n], samples: Vec::new(), buf: Vec::new() }
+        Self {
+            shared,
+            guard: Guard::default(),
+            cursors: vec![[None; 4]; n],
+            samples: Vec::new(),
+            buf: Vec::new(),
+            secondary_at: None,
+        }
     }
 
     /// The point read, for drivers or devices without the sample buffer.
@@ -142,6 +185,10 @@ impl Sampler for UtilizationSampler {
     }
 
     fn sample(&mut self, now: UnixMicros, out: &mut Readings) -> Result<(), SamplerError> {
+        let secondary = secondary_due(self.secondary_at, now, self.shared.window);
+        if secondary {
+            self.secondary_at = Some(now);
+        }
         for slot in 0..self.shared.gpus.len() {
             let gpu = &self.shared.gpus[slot];
             if gpu.is_mig_instance() {
@@ -149,10 +196,23 @@ impl Sampler for UtilizationSampler {
             }
             let mut buffer_ok = false;
             for (i, (sampling, raw_type, field, what)) in BUFFERS.into_iter().enumerate() {
-                if !self.guard.supported(slot, what) {
+                if !self.guard.supported(slot, what) || (i > 0 && !secondary) {
                     continue;
                 }
-                let cursor = self.cursors[slot][i].get_or_insert_with(|| BufferCursor::new(now));
+                if self.cursors[slot][i].is_none() {
+                    // The whole buffer once, only to learn the driver's grid phase.
+                    // SAFETY: the handle is live for the life of the process.
+                    let newest = match &self.shared.raw {
+                        Some(raw) => unsafe {
+                            raw.samples_into(gpu.device.handle(), raw_type, 0, &mut self.buf, &mut self.samples)
+                        }
+                        .ok()
+                        .and_then(|()| self.samples.iter().map(|s| s.0).max()),
+                        None => None,
+                    };
+                    self.cursors[slot][i] = Some(BufferCursor::anchored(now, newest));
+                }
+                let Some(cursor) = self.cursors[slot][i].as_mut() else { continue };
                 let from = cursor.query_from();
                 let result = match &self.shared.raw {
                     // One call into a reused buffer instead of count-then-fill.
@@ -225,6 +285,27 @@ mod tests {
         assert_eq!(out, vec![(p, 1.0), (2 * p, 0.5), (3 * p, 0.0), (4 * p, 0.0), (5 * p, 1.0)]);
         // Re-reading the same samples yields nothing new.
         assert!(run(&mut c, &[(5 * p, 1.0)], 5 * p + 20).is_empty());
+    }
+
+    #[test]
+    fn secondary_buffers_drain_once_per_window_after_its_end() {
+        let w = Duration::from_secs(1);
+        let at = |ms: i64| UnixMicros(10_000_000 + ms * 1000);
+        assert!(secondary_due(None, at(0), w));
+        assert!(!secondary_due(Some(at(350)), at(450), w));
+        assert!(!secondary_due(Some(at(350)), at(1349), w));
+        assert!(secondary_due(Some(at(350)), at(1350), w));
+        assert!(secondary_due(Some(at(900)), at(1400), w), "the first tick past the drain point");
+        assert!(secondary_due(Some(at(0)), at(100), Duration::from_millis(500)), "short windows drain every tick");
+    }
+
+    #[test]
+    fn anchored_cursor_fills_on_the_driver_grid() {
+        let p = DEFAULT_PERIOD_US;
+        // The newest buffered sample was at 3p; the agent starts at 10p + 5.
+        let mut c = BufferCursor::anchored(UnixMicros(10 * p + 5), Some(3 * p));
+        let out = run(&mut c, &[], 13 * p + 10);
+        assert_eq!(out, vec![(11 * p, 0.0), (12 * p, 0.0)]);
     }
 
     #[test]

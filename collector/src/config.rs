@@ -1,0 +1,70 @@
+//! The store's configuration: a plain struct the server embeds in its TOML config.
+//! No environment reads here; the binary layers flags and `APRON_*` variables on top.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Configuration of [`crate::Store`]. Durations are humantime strings (`10m`, `7d`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Root of the WAL, the checkpoint and the Parquet tables.
+    pub data_dir: PathBuf,
+    /// A WAL segment is closed once it reaches this size.
+    pub wal_segment_bytes: u64,
+    /// Persist the memtable to Parquet at least this often.
+    #[serde(deserialize_with = "humantime_duration")]
+    pub persist_interval: Duration,
+    /// … or as soon as the memtable holds this many Arrow bytes.
+    pub persist_max_bytes: u64,
+    /// Requests with more rows are refused (413).
+    pub max_rows_per_batch: usize,
+    /// Requests whose Arrow buffers would decode (decompress) to more bytes are
+    /// refused (413) before anything is allocated.
+    pub max_batch_bytes: u64,
+    /// Dedup forgets an (agent, epoch) not seen for this long. Must exceed the longest
+    /// time an agent may keep retrying an old batch (its spool drains after outages).
+    #[serde(deserialize_with = "humantime_duration")]
+    pub dedup_retention: Duration,
+    /// Rows per Parquet row group.
+    pub row_group_rows: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            data_dir: PathBuf::from("apron-data"),
+            wal_segment_bytes: 64 << 20,
+            persist_interval: Duration::from_secs(600),
+            persist_max_bytes: 256 << 20,
+            max_rows_per_batch: 100_000,
+            max_batch_bytes: 512 << 20,
+            dedup_retention: Duration::from_secs(7 * 86_400),
+            row_group_rows: 100_000,
+        }
+    }
+}
+
+fn humantime_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_humantime_and_unknown_fields() {
+        let c: StoreConfig = serde_json::from_str(r#"{"persist_interval": "30s", "data_dir": "/d"}"#).expect("parse");
+        assert_eq!(c.persist_interval, Duration::from_secs(30));
+        assert_eq!(c.data_dir, PathBuf::from("/d"));
+        assert_eq!(c.wal_segment_bytes, 64 << 20);
+        assert_eq!(c.dedup_retention, Duration::from_secs(7 * 86_400));
+        let err = serde_json::from_str::<StoreConfig>(r#"{"persist_intervall": "30s"}"#).expect_err("unknown");
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        assert!(serde_json::from_str::<StoreConfig>(r#"{"persist_interval": "soon"}"#).is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! The Parquet persister: a frozen memtable becomes sorted, day-partitioned files.
+//!
+//! Layout: `<data>/<table>/date=YYYY-MM-DD/<uuid v7>.parquet` (Hive-style, so DuckDB,
+//! pyarrow, Spark and Trino discover the partitions unchanged; v7 UUIDs sort by creation
+//! time). A file is first written as `.<uuid>.parquet.tmp` in the same directory —
+//! hidden from `*.parquet` globs and from pyarrow's discovery — fsynced, and only then
+//! renamed ([`publish`]) and the directory fsynced, so a crash never leaves a half file
+//! under a final name. The store decides *when* to publish (see `store.rs`).
+//!
+//! File format (see also [`crate::schema`] for the column types):
+//! - rows sorted by (`gpu_uuid`, `time`), declared as `sorting_columns` in every row
+//!   group so query engines can skip sorts;
+//! - ZSTD; row groups of at most 100k rows; page-level statistics, which also writes
+//!   the page index (column index + offset index);
+//! - `time` and integer-backed measurements (decimals, Int32/Int64 gauges and counters):
+//!   DELTA_BINARY_PACKED, dictionary off — sorted series make small deltas;
+//! - identity columns (`host`, `gpu_uuid`, `gpu_model`, `cluster`, `gpu_index`, `pid`,
+//!   process names, pods, …) and `window_s`: dictionary (RLE_DICTIONARY), which
+//!   collapses to almost nothing once rows are grouped by GPU.
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use apron_common::wire::Table;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int64Type, TimestampMicrosecondType};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_ord::sort::{SortColumn, lexsort_to_indices};
+use arrow_schema::{ArrowError, DataType, Schema};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{KeyValue, SortingColumn};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use crate::fsutil::{self, MICROS_PER_DAY, date_string, day_of_micros};
+use crate::schema::storage_schema;
+
+/// Version of the on-disk layout, written into each file's key-value metadata.
+pub const STORAGE_VERSION: &str = "1";
+
+/// Integer-typed columns that identify rather than measure: dictionary, not delta.
+const IDENTITY_INTEGERS: &[&str] = &["gpu_index", "pid"];
+
+/// Tuning of the files written.
+#[derive(Clone, Copy, Debug)]
+pub struct PersistOptions {
+    pub row_group_rows: usize,
+    pub zstd_level: i32,
+}
+
+impl Default for PersistOptions {
+    fn default() -> Self {
+        PersistOptions { row_group_rows: 100_000, zstd_level: 3 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("persist: {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("persist: parquet: {0}")]
+    Parquet(#[from] ParquetError),
+    #[error("persist: arrow: {0}")]
+    Arrow(#[from] ArrowError),
+}
+
+impl PersistError {
+    fn io(op: &'static str, path: &Path, source: io::Error) -> PersistError {
+        PersistError::Io { op, path: path.to_path_buf(), source }
+    }
+
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            PersistError::Io { source, .. } => crate::wal::is_full(source),
+            PersistError::Parquet(ParquetError::External(e)) => {
+                e.downcast_ref::<io::Error>().is_some_and(crate::wal::is_full)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A published Parquet file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedFile {
+    pub table: Table,
+    /// The partition, `YYYY-MM-DD` (UTC).
+    pub date: String,
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// A file written under its temporary name, not yet visible.
+#[derive(Clone, Debug)]
+pub struct StagedFile {
+    pub tmp: PathBuf,
+    pub file: PersistedFile,
+    pub rows: usize,
+}
+
+/// `<data>/<table>`.
+pub fn table_dir(data_dir: &Path, table: Table) -> PathBuf {
+    data_dir.join(table.name())
+}
+
+/// True for columns stored with DELTA_BINARY_PACKED (and no dictionary).
+pub fn delta_encoded(name: &str, data_type: &DataType) -> bool {
+    name == "time"
+        || (!IDENTITY_INTEGERS.contains(&name)
+            && matches!(data_type, DataType::Int32 | DataType::Int64 | DataType::Decimal128(..=18, _)))
+}
+
+/// The writer properties for `table`.
+pub fn writer_properties(table: Table, options: &PersistOptions) -> Result<WriterProperties, ParquetError> {
+    let schema = storage_schema(table);
+    let index = |name: &str| -> Result<i32, ParquetError> {
+        let i = schema.index_of(name).map_err(|e| ParquetError::General(e.to_string()))?;
+        i32::try_from(i).map_err(|e| ParquetError::General(e.to_string()))
+    };
+    let sorting = ["gpu_uuid", "time"]
+        .iter()
+        .map(|c| Ok(SortingColumn { column_idx: index(c)?, descending: false, nulls_first: false }))
+        .collect::<Result<Vec<_>, ParquetError>>()?;
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(options.zstd_level)?))
+        .set_max_row_group_row_count(Some(options.row_group_rows.max(1)))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_sorting_columns(Some(sorting))
+        .set_created_by(format!("apron-collector {}", env!("CARGO_PKG_VERSION")))
+        .set_key_value_metadata(Some(vec![
+            KeyValue::new("apron.table".to_owned(), table.name().to_owned()),
+            KeyValue::new("apron.storage_version".to_owned(), STORAGE_VERSION.to_owned()),
+        ]));
+    for f in schema.fields() {
+        if delta_encoded(f.name(), f.data_type()) {
+            let path = ColumnPath::from(f.name().as_str());
+            b = b
+                .set_column_dictionary_enabled(path.clone(), false)
+                .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
+        }
+    }
+    Ok(b.build())
+}
+
+/// Sorts `batches` of `table` by (day, `gpu_uuid`, `time`) and splits them by UTC day.
+pub fn sort_by_day(table: Table, batches: &[RecordBatch]) -> Result<Vec<(i64, RecordBatch)>, PersistError> {
+    let schema = storage_schema(table);
+    let all = arrow_select::concat::concat_batches(&schema, batches)?;
+    if all.num_rows() == 0 {
+        return Ok(Vec::new());
+    }
+    let time = time_column(&all)?;
+    let days: ArrayRef = Arc::new(time.unary::<_, Int64Type>(|t| t.div_euclid(MICROS_PER_DAY)));
+    let gpu = all.column(schema.index_of("gpu_uuid")?).clone();
+    let keys = [days, gpu, all.column(schema.index_of("time")?).clone()];
+    let indices = lexsort_to_indices(&keys.map(|values| SortColumn { values, options: None }), None)?;
+    let sorted = arrow_select::take::take_record_batch(&all, &indices)?;
+    let time = time_column(&sorted)?;
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=sorted.num_rows() {
+        let day = day_of_micros(time.value(start));
+        if i == sorted.num_rows() || day_of_micros(time.value(i)) != day {
+            out.push((day, sorted.slice(start, i - start)));
+            start = i;
+        }
+    }
+    Ok(out)
+}
+
+fn time_column(b: &RecordBatch) -> Result<&arrow_array::TimestampMicrosecondArray, ArrowError> {
+    b.column_by_name("time")
+        .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
+        .ok_or_else(|| ArrowError::SchemaError("no Timestamp(µs) column \"time\"".into()))
+}
+
+/// Writes `batches` of `table` as one temp file per UTC day. Nothing is visible until
+/// [`publish`]; on error, the temp files written so far are removed.
+pub fn stage_table(
+    data_dir: &Path,
+    table: Table,
+    batches: &[RecordBatch],
+    options: &PersistOptions,
+) -> Result<Vec<StagedFile>, PersistError> {
+    let props = writer_properties(table, options)?;
+    let schema = storage_schema(table);
+    let mut staged = Vec::new();
+    let result = (|| {
+        for (day, batch) in sort_by_day(table, batches)? {
+            let date = date_string(day);
+            let dir = table_dir(data_dir, table).join(format!("date={date}"));
+            fsutil::create_dir_durable(&dir).map_err(|e| PersistError::io("create directory", &dir, e))?;
+            let id = uuid::Uuid::now_v7();
+            let tmp = dir.join(format!(".{id}.parquet.tmp"));
+            let path = dir.join(format!("{id}.parquet"));
+            let bytes = write_file(&tmp, &schema, &batch, props.clone())?;
+            staged.push(StagedFile { tmp, rows: batch.num_rows(), file: PersistedFile { table, date, path, bytes } });
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for s in &staged {
+            let _ = fs::remove_file(&s.tmp);
+        }
+        return Err(e);
+    }
+    Ok(staged)
+}
+
+fn write_file(
+    tmp: &Path,
+    schema: &Arc<Schema>,
+    batch: &RecordBatch,
+    props: WriterProperties,
+) -> Result<u64, PersistError> {
+    let result = (|| {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(tmp)
+            .map_err(|e| PersistError::io("create", tmp, e))?;
+        let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+        w.write(batch)?;
+        let file = w.into_inner()?;
+        file.sync_all().map_err(|e| PersistError::io("fsync", tmp, e))?;
+        Ok(file.metadata().map_err(|e| PersistError::io("stat", tmp, e))?.len())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    result
+}
+
+/// Renames temp files to their final names and fsyncs their directories. Idempotent:
+/// a pair whose temp file is gone was done before a crash.
+pub fn publish(renames: &[(PathBuf, PathBuf)]) -> Result<(), PersistError> {
+    let mut dirs = Vec::new();
+    for (tmp, path) in renames {
+        match fs::rename(tmp, path) {
+            Ok(()) => {}
+            // Done before a crash — or the file was since compacted away; either way
+            // there is nothing left to publish.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !path.exists() {
+                    tracing::warn!(path = %path.display(), "a file to publish is gone");
+                }
+            }
+            Err(e) => return Err(PersistError::io("rename", tmp, e)),
+        }
+        if let Some(dir) = path.parent()
+            && !dirs.contains(&dir)
+        {
+            dirs.push(dir);
+        }
+    }
+    for dir in dirs {
+        fsutil::sync_dir(dir).map_err(|e| PersistError::io("sync directory", dir, e))?;
+    }
+    Ok(())
+}
+
+/// The published files of `table`, in path order (partition, then creation time).
+pub fn list_files(data_dir: &Path, table: Table) -> Result<Vec<PersistedFile>, PersistError> {
+    let mut out = Vec::new();
+    for (date, dir) in partitions(data_dir, table)? {
+        for entry in fs::read_dir(&dir).map_err(|e| PersistError::io("list", &dir, e))? {
+            let entry = entry.map_err(|e| PersistError::io("list", &dir, e))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !name.ends_with(".parquet") {
+                continue;
+            }
+            let bytes = entry.metadata().map_err(|e| PersistError::io("stat", &entry.path(), e))?.len();
+            out.push(PersistedFile { table, date: date.clone(), path: entry.path(), bytes });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// Removes temp files a crashed persist left behind (never published, so never
+/// counted: their rows are still in the WAL). Returns how many.
+pub fn remove_temp_files(data_dir: &Path, table: Table) -> Result<usize, PersistError> {
+    let mut removed = 0;
+    for (_, dir) in partitions(data_dir, table)? {
+        for entry in fs::read_dir(&dir).map_err(|e| PersistError::io("list", &dir, e))? {
+            let entry = entry.map_err(|e| PersistError::io("list", &dir, e))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.ends_with(".parquet.tmp") {
+                fs::remove_file(entry.path()).map_err(|e| PersistError::io("remove", &entry.path(), e))?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// `(date, dir)` of each `date=YYYY-MM-DD` partition of `table`.
+fn partitions(data_dir: &Path, table: Table) -> Result<Vec<(String, PathBuf)>, PersistError> {
+    let root = table_dir(data_dir, table);
+    let entries = match fs::read_dir(&root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(PersistError::io("list", &root, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| PersistError::io("list", &root, e))?;
+        let name = entry.file_name();
+        if let Some(date) = name.to_str().and_then(|n| n.strip_prefix("date="))
+            && entry.path().is_dir()
+        {
+            out.push((date.to_owned(), entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+//! The storage schema: what the memtable holds and the Parquet files contain.
+//!
+//! Agents ship measurements as Float64 in base units (see `apron_common::wire`). The
+//! collector stores each one exactly at the resolution the device reports
+//! ([`Field::resolution`]), as an integer-backed type:
+//!
+//! | unit | resolution | stored as | Parquet physical |
+//! | --- | --- | --- | --- |
+//! | ratio (`gpu_util`, `sm_active`, …, `_max`, `sm_util`) | 1e-4 | Decimal128(5, 4) | INT32 |
+//! | watts (`power_watts`) | 1e-3 (mW) | Decimal128(9, 3) | INT32 |
+//! | joules (`energy_joules`, cumulative) | 1e-3 (mJ) | Decimal128(18, 3) | INT64 |
+//! | celsius, MHz | 1 | Int32 | INT32 |
+//! | bytes/s | 1 | Int64 | INT64 |
+//! | bytes, counts, codes, bitmasks, flags | 1 | Int64 (as shipped) | INT64 |
+//!
+//! Why: a noisy Float64 costs 8 bytes before compression and its mantissa bits barely
+//! compress, while the same value as a small integer delta-encodes into a few bits. The
+//! reference measurement (`tsdb-storage.md`, pyarrow, 83 M values) was 1.44 bytes/value
+//! for float64 + zstd against 0.87 for integer-scaled + delta + zstd. Parquet's arrow
+//! writer (59) stores Decimal128 with precision 2–9 as INT32 and 10–18 as INT64, so
+//! DELTA_BINARY_PACKED applies; every reader (DuckDB, pyarrow, Spark, DataFusion) shows
+//! the decimal with its meaning. Window means finer than the resolution are rounded half
+//! away from zero (at the default 1 s window most gauges have one reading per window).
+//!
+//! The memtable already holds batches in this schema, so a query sees one schema
+//! whether rows are still in memory or already in Parquet.
+
+use std::sync::{Arc, LazyLock};
+
+use apron_common::Field;
+use apron_common::wire::Table;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Float64Type;
+use arrow_array::{Array, ArrayRef, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch};
+use arrow_schema::{ArrowError, DataType, Field as ArrowField, Schema, SchemaRef};
+
+/// How one wire column becomes a storage column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Conversion {
+    /// Stored as shipped.
+    Keep,
+    /// Float64 → Decimal128(precision, scale), rounded to the scale.
+    Decimal { precision: u8, scale: i8 },
+    /// Float64 → Int32, rounded.
+    Int32,
+    /// Float64 → Int64, rounded.
+    Int64,
+}
+
+impl Conversion {
+    pub fn data_type(self, wire: &DataType) -> DataType {
+        match self {
+            Conversion::Keep => wire.clone(),
+            Conversion::Decimal { precision, scale } => DataType::Decimal128(precision, scale),
+            Conversion::Int32 => DataType::Int32,
+            Conversion::Int64 => DataType::Int64,
+        }
+    }
+}
+
+/// The storage form of a Float64 measurement field (and its `_max` column).
+pub fn field_conversion(f: Field) -> Conversion {
+    match f.unit() {
+        "ratio" => Conversion::Decimal { precision: 5, scale: 4 },
+        "watts" => Conversion::Decimal { precision: 9, scale: 3 },
+        "joules" => Conversion::Decimal { precision: 18, scale: 3 },
+        "celsius" | "MHz" => Conversion::Int32,
+        "bytes/s" => Conversion::Int64,
+        // Units shipped as Int64 already (bytes, count, code, bitmask, bool).
+        _ => Conversion::Keep,
+    }
+}
+
+/// The conversion of one wire column of `table`.
+pub fn conversion(table: Table, column: &str, wire: &DataType) -> Conversion {
+    if wire != &DataType::Float64 {
+        return Conversion::Keep;
+    }
+    match table {
+        Table::GpuSamples => {
+            let base = column.strip_suffix("_max").unwrap_or(column);
+            Field::from_column(base).map_or(Conversion::Keep, field_conversion)
+        }
+        // NVML reports per-process SM utilisation in whole percent; 1e-4 keeps it exact.
+        Table::GpuProcesses if column == "sm_util" => Conversion::Decimal { precision: 5, scale: 4 },
+        Table::GpuProcesses => Conversion::Keep,
+    }
+}
+
+struct TableSchema {
+    schema: SchemaRef,
+    conversions: Vec<Conversion>,
+}
+
+fn build(table: Table) -> TableSchema {
+    let wire = table.schema();
+    let mut fields = Vec::with_capacity(wire.fields().len());
+    let mut conversions = Vec::with_capacity(wire.fields().len());
+    for f in wire.fields() {
+        let c = conversion(table, f.name(), f.data_type());
+        fields.push(ArrowField::new(f.name(), c.data_type(f.data_type()), f.is_nullable()));
+        conversions.push(c);
+    }
+    TableSchema { schema: Arc::new(Schema::new(fields)), conversions }
+}
+
+static GPU_SAMPLES: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuSamples));
+static GPU_PROCESSES: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuProcesses));
+
+fn table_schema(table: Table) -> &'static TableSchema {
+    match table {
+        Table::GpuSamples => &GPU_SAMPLES,
+        Table::GpuProcesses => &GPU_PROCESSES,
+    }
+}
+
+/// The storage schema of `table` (memtable and Parquet).
+pub fn storage_schema(table: Table) -> SchemaRef {
+    table_schema(table).schema.clone()
+}
+
+/// Why a batch cannot be stored exactly.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error(
+        "column {column:?}, row {row}: value {value} is not representable as {target} (not finite or out of range)"
+    )]
+    OutOfRange { column: String, row: usize, value: f64, target: DataType },
+    #[error("column {column:?} is {found}, expected Float64")]
+    WrongType { column: String, found: DataType },
+    #[error("cannot build the storage batch: {0}")]
+    Arrow(#[from] ArrowError),
+}
+
+/// Converts a wire batch (already schema-checked by `decode_ipc`) to the storage schema.
+pub fn to_storage(table: Table, batch: &RecordBatch) -> Result<RecordBatch, ConvertError> {
+    let ts = table_schema(table);
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for ((column, &conv), field) in batch.columns().iter().zip(&ts.conversions).zip(ts.schema.fields()) {
+        columns.push(convert_column(column, conv, field.name())?);
+    }
+    Ok(RecordBatch::try_new(ts.schema.clone(), columns)?)
+}
+
+fn convert_column(column: &ArrayRef, conv: Conversion, name: &str) -> Result<ArrayRef, ConvertError> {
+    if conv == Conversion::Keep {
+        return Ok(column.clone());
+    }
+    let values: &Float64Array = column
+        .as_primitive_opt::<Float64Type>()
+        .ok_or_else(|| ConvertError::WrongType { column: name.to_owned(), found: column.data_type().clone() })?;
+    let target = conv.data_type(&DataType::Float64);
+    let out_of_range = |row: usize, value: f64| ConvertError::OutOfRange {
+        column: name.to_owned(),
+        row,
+        value,
+        target: target.clone(),
+    };
+    Ok(match conv {
+        Conversion::Keep => column.clone(),
+        Conversion::Decimal { precision, scale } => {
+            let factor = 10f64.powi(i32::from(scale));
+            let max = 10f64.powi(i32::from(precision)) - 1.0;
+            let mut out = Vec::with_capacity(values.len());
+            for (row, v) in values.iter().enumerate() {
+                out.push(match v {
+                    None => None,
+                    Some(v) => Some(scaled(v, factor, max).ok_or_else(|| out_of_range(row, v))? as i128),
+                });
+            }
+            Arc::new(Decimal128Array::from(out).with_precision_and_scale(precision, scale)?)
+        }
+        Conversion::Int32 => {
+            let max = f64::from(i32::MAX);
+            let mut out = Vec::with_capacity(values.len());
+            for (row, v) in values.iter().enumerate() {
+                out.push(match v {
+                    None => None,
+                    Some(v) => Some(scaled(v, 1.0, max).ok_or_else(|| out_of_range(row, v))? as i32),
+                });
+            }
+            Arc::new(Int32Array::from(out))
+        }
+        Conversion::Int64 => {
+            // The largest f64 below 2^63, so the cast cannot saturate.
+            let max = 9.223_372_036_854_775e18;
+            let mut out = Vec::with_capacity(values.len());
+            for (row, v) in values.iter().enumerate() {
+                out.push(match v {
+                    None => None,
+                    Some(v) => Some(scaled(v, 1.0, max).ok_or_else(|| out_of_range(row, v))? as i64),
+                });
+            }
+            Arc::new(Int64Array::from(out))
+        }
+    })
+}
+
+/// `v × factor` rounded half away from zero, if finite and within ±max.
+fn scaled(v: f64, factor: f64, max: f64) -> Option<f64> {
+    let s = (v * factor).round();
+    (s.is_finite() && s.abs() <= max).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use apron_common::wire::field_type;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Decimal128Type, Int32Type};
+
+    use super::*;
+
+    #[test]
+    fn every_float_field_is_stored_at_its_resolution() {
+        for &f in Field::ALL {
+            if field_type(f) != DataType::Float64 {
+                assert_eq!(field_conversion(f), Conversion::Keep, "{f:?} is shipped as an integer already");
+                continue;
+            }
+            let digits = (-f.resolution().log10()).round() as i8;
+            match field_conversion(f) {
+                Conversion::Decimal { precision, scale } => {
+                    assert_eq!(scale, digits, "{f:?}");
+                    assert!(precision <= 18, "{f:?} must stay on INT32/INT64");
+                }
+                Conversion::Int32 | Conversion::Int64 => assert_eq!(digits, 0, "{f:?}"),
+                Conversion::Keep => panic!("{f:?} would be stored as Float64"),
+            }
+        }
+    }
+
+    #[test]
+    fn storage_schema_has_no_floats_but_window_s_and_no_unsigned() {
+        for t in [Table::GpuSamples, Table::GpuProcesses] {
+            let s = storage_schema(t);
+            assert_eq!(s.fields().len(), t.schema().fields().len());
+            for f in s.fields() {
+                assert!(!f.data_type().is_unsigned_integer(), "{}", f.name());
+                if f.data_type() == &DataType::Float64 {
+                    assert_eq!(f.name(), "window_s");
+                }
+            }
+        }
+        let s = storage_schema(Table::GpuSamples);
+        let ty = |n: &str| s.field_with_name(n).expect("column").data_type().clone();
+        assert_eq!(ty("gpu_util"), DataType::Decimal128(5, 4));
+        assert_eq!(ty("sm_active_max"), DataType::Decimal128(5, 4));
+        assert_eq!(ty("power_watts"), DataType::Decimal128(9, 3));
+        assert_eq!(ty("energy_joules"), DataType::Decimal128(18, 3));
+        assert_eq!(ty("gpu_temp_c"), DataType::Int32);
+        assert_eq!(ty("pcie_tx_bytes_per_s"), DataType::Int64);
+        assert_eq!(ty("fb_used_bytes"), DataType::Int64);
+    }
+
+    #[test]
+    fn converts_exactly_and_refuses_out_of_range() {
+        let ratio = Arc::new(Float64Array::from(vec![Some(0.51666), None, Some(1.0), Some(0.0001)])) as ArrayRef;
+        let out = convert_column(&ratio, Conversion::Decimal { precision: 5, scale: 4 }, "gpu_util").expect("convert");
+        let d = out.as_primitive::<Decimal128Type>();
+        assert_eq!(d.value(0), 5167);
+        assert!(d.is_null(1));
+        assert_eq!(d.value(2), 10000);
+        assert_eq!(d.value(3), 1);
+        assert_eq!(d.value_as_string(2), "1.0000");
+
+        let watts = Arc::new(Float64Array::from(vec![312.4567, -0.0004])) as ArrayRef;
+        let out = convert_column(&watts, Conversion::Decimal { precision: 9, scale: 3 }, "power_watts").expect("ok");
+        assert_eq!(out.as_primitive::<Decimal128Type>().value(0), 312_457);
+
+        let temp = Arc::new(Float64Array::from(vec![45.5, -3.2])) as ArrayRef;
+        let out = convert_column(&temp, Conversion::Int32, "gpu_temp_c").expect("ok");
+        assert_eq!(out.as_primitive::<Int32Type>().values().to_vec(), vec![46, -3]);
+
+        for bad in [12.0, f64::NAN, f64::INFINITY] {
+            let col = Arc::new(Float64Array::from(vec![0.5, bad])) as ArrayRef;
+            let err = convert_column(&col, Conversion::Decimal { precision: 5, scale: 4 }, "gpu_util");
+            assert!(matches!(err, Err(ConvertError::OutOfRange { row: 1, .. })), "{bad}: {err:?}");
+        }
+    }
+}
