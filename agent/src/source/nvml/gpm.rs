@@ -54,6 +54,10 @@ pub struct GpmSampler {
     guard: Guard,
     previous: Vec<Option<Baseline>>,
     ids: Vec<GpmMetricId>,
+    /// The same ids as NVML numbers, for the raw call.
+    raw_ids: Vec<u32>,
+    /// Reused result buffer.
+    values: Vec<Result<f64, nvml_wrapper::error::NvmlError>>,
     /// Support found missing at start, reported with the first tick.
     startup_issues: Vec<crate::sampler::Issue>,
 }
@@ -81,6 +85,8 @@ impl GpmSampler {
             guard,
             previous: (0..n).map(|_| None).collect(),
             ids: METRICS.iter().map(|m| m.0).collect(),
+            raw_ids: METRICS.iter().map(|m| m.0.as_c()).collect(),
+            values: Vec::with_capacity(METRICS.len()),
             startup_issues: probe.issues,
         }
     }
@@ -141,18 +147,30 @@ impl Sampler for GpmSampler {
                 self.previous[slot] = Some(Baseline { sample: prev, at: prev_at, spare: Some(sample) });
                 continue;
             }
-            let ids = &self.ids;
-            if let Some(results) =
-                self.guard.call(slot, "nvmlGpmMetricsGet", out, || gpm_metrics_get(nvml, &prev, &sample, ids))
-            {
+            let results = match &self.shared.raw {
+                // SAFETY: both samples are live and filled, allocated by this NVML.
+                Some(raw) => self.guard.call(slot, "nvmlGpmMetricsGet", out, || unsafe {
+                    raw.gpm_metrics_into(prev.handle(), sample.handle(), &self.raw_ids, &mut self.values)
+                        .map(|()| std::mem::take(&mut self.values))
+                }),
+                None => {
+                    let ids = &self.ids;
+                    self.guard.call(slot, "nvmlGpmMetricsGet", out, || {
+                        gpm_metrics_get(nvml, &prev, &sample, ids)
+                            .map(|v| v.into_iter().map(|r| r.map(|m| m.value)).collect::<Vec<_>>())
+                    })
+                }
+            };
+            if let Some(results) = results {
                 // The values are means over (prev, now]: they belong at its midpoint.
                 let at = midpoint(prev_at, now);
-                for (result, &(_, field, scale)) in results.into_iter().zip(METRICS) {
+                for (result, &(_, field, scale)) in results.iter().zip(METRICS) {
                     // A metric the device lacks (e.g. NVLink on a PCIe card) stays NULL.
-                    if let Ok(r) = result {
-                        out.push(slot, field, r.value * scale, at);
+                    if let Ok(v) = result {
+                        out.push(slot, field, v * scale, at);
                     }
                 }
+                self.values = results;
             }
             self.previous[slot] = Some(Baseline { sample, at: now, spare: Some(prev) });
         }

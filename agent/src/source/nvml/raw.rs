@@ -8,7 +8,10 @@
 //! - `nvmlDeviceGetSamples` into a reused buffer (the wrapper asks for the count first,
 //!   doubling the calls of the most frequent sampler);
 //! - `nvmlGpmSampleGet` / `nvmlGpmMigSampleGet` into an existing sample (the wrapper
-//!   allocates and frees one per call).
+//!   allocates and frees one per call);
+//! - `nvmlGpmMetricsGet` reading only the values (the wrapper copies every metric's
+//!   name, description and unit into new strings on every call — most of the GPM
+//!   sampler's cost, measured under callgrind).
 //!
 //! The library is opened a second time with the same path; `dlopen` hands back the same
 //! already-loaded object, so this costs a symbol table, not a second driver.
@@ -17,7 +20,10 @@ use std::ffi::OsStr;
 use std::mem;
 
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
-use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlFieldValue_t, nvmlGpmSample_t, nvmlSample_t};
+use nvml_wrapper_sys::bindings::{
+    NVML_GPM_METRICS_GET_VERSION, NvmlLib, nvmlDevice_t, nvmlFieldValue_t, nvmlGpmMetricsGet_t, nvmlGpmSample_t,
+    nvmlSample_t,
+};
 
 /// Entries of the reused sample buffer: real drivers keep about 120 samples.
 const SAMPLE_BUFFER: usize = 128;
@@ -135,6 +141,38 @@ impl RawNvml {
                 None => nvml_sym(self.lib.nvmlGpmSampleGet.as_ref())?(device, sample),
             }
         })
+    }
+
+    /// GPM metrics between two samples: `ids` are `nvmlGpmMetricId_t` values; `out`
+    /// gets one result per id, in order.
+    ///
+    /// # Safety
+    /// `sample1` and `sample2` must be live samples allocated by this NVML and filled.
+    pub unsafe fn gpm_metrics_into(
+        &self,
+        sample1: nvmlGpmSample_t,
+        sample2: nvmlGpmSample_t,
+        ids: &[u32],
+        out: &mut Vec<Result<f64, NvmlError>>,
+    ) -> Result<(), NvmlError> {
+        let sym = nvml_sym(self.lib.nvmlGpmMetricsGet.as_ref())?;
+        // SAFETY: plain old data; all-zero is valid. Boxed: the struct is ~8 KiB.
+        let mut req: Box<nvmlGpmMetricsGet_t> = Box::new(unsafe { mem::zeroed() });
+        if ids.len() > req.metrics.len() {
+            return Err(NvmlError::InvalidArg);
+        }
+        req.version = NVML_GPM_METRICS_GET_VERSION;
+        req.numMetrics = u32::try_from(ids.len()).map_err(|_| NvmlError::InvalidArg)?;
+        req.sample1 = sample1;
+        req.sample2 = sample2;
+        for (m, &id) in req.metrics.iter_mut().zip(ids) {
+            m.metricId = id;
+        }
+        // SAFETY: `req` is a valid request the driver fills in place.
+        nvml_try(unsafe { sym(&mut *req) })?;
+        out.clear();
+        out.extend(req.metrics.iter().take(ids.len()).map(|m| nvml_try(m.nvmlReturn).map(|()| m.value)));
+        Ok(())
     }
 
     /// Reads scoped fields as unsigned 64-bit values; each entry keeps its own result.
