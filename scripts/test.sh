@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 ./scripts/install-test-tools.sh >/dev/null
 # Tests that need an external tool or privilege fail instead of skipping.
 export APRON_REQUIRE_TOOLS=1
-# `cargo test` builds libraries as rlibs only; the end-to-end tests load the fake
-# libnvidia-ml.so (a cdylib) by path, so build those first (same profile: no rebuild).
-cargo build --quiet -p apron-fake-nvml -p apron-fake-nvml-legacy
+# `cargo test` builds libraries as rlibs only, and binaries only for their own package's
+# tests; the end-to-end tests load the fake libnvidia-ml.so (a cdylib) by path and the
+# server's tests run the apron-agent binary, so build those first (same profile: no
+# rebuild).
+cargo build --quiet -p apron-fake-nvml -p apron-fake-nvml-legacy -p apron-agent
 cargo test --workspace --no-fail-fast "$@"

@@ -1,0 +1,67 @@
+//! The query layer's limits: a plain struct the server embeds in its TOML config (section
+//! `[query]`). No environment reads here; the binary layers flags and `APRON_*` on top.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Limits applied to every query. Durations are humantime strings (`30s`, `2m`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueryConfig {
+    /// Wall-clock limit of one query: planning, execution and collecting the result.
+    /// Past it the query is cancelled and answers [`crate::QueryError::Timeout`].
+    #[serde(deserialize_with = "humantime_duration")]
+    pub timeout: Duration,
+    /// Memory one query may reserve in DataFusion's memory pool (hash tables, sort
+    /// buffers, join build sides). Each query gets its own pool, so the server's worst
+    /// case is `max_concurrent × memory_limit_bytes` on top of the memtable. Nothing
+    /// spills to disk: a query past the limit fails with
+    /// [`crate::QueryError::MemoryLimit`].
+    pub memory_limit_bytes: u64,
+    /// Queries running at once; further queries wait in line up to `queue_timeout`.
+    pub max_concurrent: usize,
+    /// How long a query waits for a free slot before [`crate::QueryError::Busy`].
+    #[serde(deserialize_with = "humantime_duration")]
+    pub queue_timeout: Duration,
+    /// A result with more rows is refused ([`crate::QueryError::TooManyRows`]): the
+    /// result is held in memory to be rendered, so this bounds it. 0 = no limit.
+    pub max_result_rows: usize,
+    /// DataFusion's `target_partitions` (parallelism of one query); 0 = CPU count.
+    pub target_partitions: usize,
+}
+
+impl Default for QueryConfig {
+    fn default() -> Self {
+        QueryConfig {
+            timeout: Duration::from_secs(60),
+            memory_limit_bytes: 1 << 30,
+            max_concurrent: 4,
+            queue_timeout: Duration::from_secs(2),
+            max_result_rows: 1_000_000,
+            target_partitions: 0,
+        }
+    }
+}
+
+fn humantime_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_humantime_and_unknown_fields() {
+        let c: QueryConfig = serde_json::from_str(r#"{"timeout": "1m 30s", "max_concurrent": 2}"#).expect("parse");
+        assert_eq!(c.timeout, Duration::from_secs(90));
+        assert_eq!(c.max_concurrent, 2);
+        assert_eq!(c.memory_limit_bytes, 1 << 30);
+        assert_eq!(c.queue_timeout, Duration::from_secs(2));
+        let err = serde_json::from_str::<QueryConfig>(r#"{"time_out": "1s"}"#).expect_err("unknown field");
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        assert!(serde_json::from_str::<QueryConfig>(r#"{"timeout": "soon"}"#).is_err());
+    }
+}

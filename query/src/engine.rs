@@ -1,0 +1,246 @@
+//! [`QueryEngine`]: the session, the limits and the execution of one SQL query.
+//!
+//! ```text
+//!  execute(sql)
+//!    slot: semaphore(max_concurrent), wait ≤ queue_timeout ── else Busy (503)
+//!    └─ timeout(query.timeout) ──────────────────────────────── else Timeout (504)
+//!         state = base session + a fresh memory pool (memory_limit_bytes, no spill)
+//!         parse → check_statement → plan → check_plan          ── ReadOnly / Syntax / Plan (400)
+//!         DataFrame::new(state, plan).execute_stream()           (never SessionContext::sql,
+//!         collect ≤ max_result_rows ─────────────────────────── which would run DDL)
+//!                                                                 else TooManyRows (413)
+//! ```
+//!
+//! Queries run on the engine's own multi-threaded tokio runtime (`apron-query-N`
+//! threads), not the caller's. Why: some DataFusion operators (nested-loop and cross
+//! joins emitting from buffered data) compute for seconds inside one poll without
+//! yielding; on the caller's runtime they can occupy every worker, so neither the timeout
+//! timer nor the HTTP server would run. Here the caller's timer always fires on time and
+//! the query task is aborted; an operator stuck inside a poll stops at its next yield,
+//! and the query keeps its slot until it really stops (so runaway queries cannot pile up
+//! past `max_concurrent`).
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use datafusion::dataframe::DataFrame;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::{SessionContext, SessionState};
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionConfig;
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+
+use crate::config::QueryConfig;
+use crate::error::QueryError;
+use crate::provider::ApronTable;
+use crate::readonly;
+use crate::render::QueryResult;
+use crate::source::TableSource;
+use crate::tables::TABLES;
+
+/// A read-only SQL engine over a [`TableSource`]. Share it with `Arc`; queries run
+/// concurrently up to `max_concurrent`.
+pub struct QueryEngine {
+    inner: Arc<Inner>,
+    slots: Arc<Semaphore>,
+    tables: Vec<&'static str>,
+    runtime: ExecRuntime,
+}
+
+struct Inner {
+    config: QueryConfig,
+    /// The session every query starts from: config, functions and the catalog with the
+    /// registered tables (shared, never changed after `new`).
+    base: SessionState,
+}
+
+/// The query runtime; shut down without blocking, since the engine may be dropped
+/// inside an async context (dropping a runtime there would panic).
+struct ExecRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for ExecRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for QueryEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryEngine").field("config", &self.inner.config).field("tables", &self.tables).finish()
+    }
+}
+
+impl QueryEngine {
+    /// Builds the session and registers every table of [`TABLES`] that `source` holds.
+    pub fn new(config: QueryConfig, source: Arc<dyn TableSource>) -> Result<QueryEngine, QueryError> {
+        let df_err = |e| QueryError::from_datafusion(e, config.memory_limit_bytes);
+        let mut session = SessionConfig::new()
+            // `SHOW TABLES`, `SHOW COLUMNS`, information_schema.* for clients and BI tools.
+            .with_information_schema(true);
+        if config.target_partitions > 0 {
+            session = session.with_target_partitions(config.target_partitions);
+        }
+        {
+            let o = session.options_mut();
+            // Filter pushdown into the Parquet decoder, cheapest predicates first; page
+            // index and statistics pruning (defaults, set so they cannot drift).
+            o.execution.parquet.pushdown_filters = true;
+            o.execution.parquet.reorder_filters = true;
+            o.execution.parquet.enable_page_index = true;
+            o.execution.parquet.pruning = true;
+        }
+        // No spilling: a query over its memory limit fails instead of filling the disk
+        // the collector writes to.
+        let runtime = RuntimeEnvBuilder::new()
+            .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
+            .build_arc()
+            .map_err(df_err)?;
+        let state = SessionStateBuilder::new()
+            .with_config(session)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            // No `CREATE EXTERNAL TABLE` handlers, even if a plan got past the checks.
+            .with_table_factories(Default::default())
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        let mut tables = Vec::new();
+        for def in TABLES {
+            let Some(schema) = source.schema(def.name) else { continue };
+            ctx.register_table(def.name, Arc::new(ApronTable::new(def, schema, source.clone()))).map_err(df_err)?;
+            tables.push(def.name);
+        }
+        let threads = match config.target_partitions {
+            0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+            n => n,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name_fn(|| {
+                static N: AtomicUsize = AtomicUsize::new(0);
+                format!("apron-query-{}", N.fetch_add(1, Ordering::Relaxed))
+            })
+            .enable_all()
+            .build()
+            .map_err(|e| QueryError::Internal { detail: format!("starting the query runtime: {e}") })?;
+        let slots = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
+        Ok(QueryEngine {
+            inner: Arc::new(Inner { base: ctx.state(), config }),
+            slots,
+            tables,
+            runtime: ExecRuntime(Some(runtime)),
+        })
+    }
+
+    pub fn config(&self) -> &QueryConfig {
+        &self.inner.config
+    }
+
+    /// Queries holding a slot now (for a gauge; and for tests, to see a query started).
+    pub fn running(&self) -> usize {
+        self.inner.config.max_concurrent.max(1).saturating_sub(self.slots.available_permits())
+    }
+
+    /// The registered table names.
+    pub fn tables(&self) -> &[&'static str] {
+        &self.tables
+    }
+
+    /// Runs one SQL statement (a query) under the configured limits. Call it from any
+    /// tokio runtime; the work runs on the engine's own.
+    pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
+        let config = &self.inner.config;
+        let waiting = Instant::now();
+        let permit = match tokio::time::timeout(config.queue_timeout, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return Err(QueryError::Internal { detail: "the query slots were closed".into() }),
+            Err(_) => {
+                return Err(QueryError::Busy {
+                    max_concurrent: config.max_concurrent.max(1),
+                    waited: waiting.elapsed(),
+                });
+            }
+        };
+        let Some(runtime) = self.runtime.0.as_ref() else {
+            return Err(QueryError::Internal { detail: "the query runtime is shut down".into() });
+        };
+        let started = Instant::now();
+        let inner = self.inner.clone();
+        let sql = sql.to_owned();
+        let mut task = runtime.spawn(async move {
+            // The slot is held until the query has really stopped.
+            let _permit = permit;
+            inner.run(&sql).await
+        });
+        // Also cancels the query when the caller goes away (client disconnected).
+        let _cancel = AbortOnDrop(task.abort_handle());
+        let result = match tokio::time::timeout(config.timeout, &mut task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(QueryError::Internal { detail: format!("the query task failed: {e}") }),
+            Err(_) => Err(QueryError::Timeout { timeout: config.timeout }),
+        };
+        match &result {
+            Ok(r) => tracing::debug!(rows = r.num_rows(), elapsed = ?started.elapsed(), "query"),
+            Err(e) => tracing::debug!(error = %e, elapsed = ?started.elapsed(), "query refused or failed"),
+        }
+        result
+    }
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        // A no-op once the task has finished.
+        self.0.abort();
+    }
+}
+
+impl Inner {
+    /// A session for one query: the base session with its own memory pool.
+    fn query_state(&self) -> Result<SessionState, QueryError> {
+        let limit = usize::try_from(self.config.memory_limit_bytes).unwrap_or(usize::MAX);
+        // Greedy: the query may use up to the limit however its operators share it.
+        // Tracked: the error names the operators holding the most memory.
+        let pool =
+            TrackConsumersPool::new(GreedyMemoryPool::new(limit), NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN));
+        let runtime = RuntimeEnvBuilder::from_runtime_env(self.base.runtime_env())
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()
+            .map_err(|e| QueryError::from_datafusion(e, self.config.memory_limit_bytes))?;
+        Ok(SessionStateBuilder::new_from_existing(self.base.clone()).with_runtime_env(runtime).build())
+    }
+
+    async fn run(&self, sql: &str) -> Result<QueryResult, QueryError> {
+        let lim = self.config.memory_limit_bytes;
+        let df_err = |e| QueryError::from_datafusion(e, lim);
+        let state = self.query_state()?;
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(sql, &dialect).map_err(df_err)?;
+        readonly::check_statement(&statement)?;
+        let plan = state.statement_to_plan(statement).await.map_err(df_err)?;
+        readonly::check_plan(&plan)?;
+
+        let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;
+        let schema = stream.schema();
+        let max = self.config.max_result_rows;
+        let (mut batches, mut rows) = (Vec::new(), 0usize);
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(df_err)?;
+            rows += batch.num_rows();
+            if max > 0 && rows > max {
+                return Err(QueryError::TooManyRows { max });
+            }
+            if batch.num_rows() > 0 {
+                batches.push(batch);
+            }
+        }
+        Ok(QueryResult { schema, batches })
+    }
+}

@@ -1,0 +1,292 @@
+//! The table provider: one SQL table = its Parquet files UNION its memtable batches.
+//!
+//! ```text
+//!  scan(projection, filters, limit)
+//!    source.snapshot(table)                      files + batches, no row in both
+//!    time_range(filters, time column)            e.g. time >= '2026-11-19'
+//!    ├─ files whose date= day overlaps ──► DataSourceExec(Parquet)
+//!    │     predicate = AND(filters): row-group statistics, page index, row filters
+//!    │     output ordering (gpu_uuid, time) when each partition reads one file
+//!    └─ batches whose time span overlaps ──► DataSourceExec(memory)
+//!          sorted by the same keys when the projection has them
+//!    UnionExec (or the one side that has data, or EmptyExec)
+//! ```
+//!
+//! Filters are answered `Inexact`: DataFusion keeps its own filter above the scan (the
+//! memtable part is not filtered here) and hands us the filters for pruning.
+//!
+//! The Hive `date` partition column is not exposed: it is derived from `time` (the UTC
+//! day), the memtable has no such column, and filters on `time` prune partitions anyway.
+//! DuckDB/pyarrow readers with `hive_partitioning` do see it as `date`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, ArrayRef, TimestampMicrosecondArray};
+use datafusion::arrow::compute::kernels::aggregate::{max, min};
+use datafusion::arrow::compute::{SortColumn, SortOptions, concat_batches, lexsort_to_indices, take_record_batch};
+use datafusion::arrow::datatypes::{SchemaRef, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{DataFusionError, Result, project_schema};
+use datafusion::datasource::TableType;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::object_store::ObjectStoreUrl;
+use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::object_store::path::Path as ObjectPath;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::union::UnionExec;
+
+use crate::prune::{TimeRange, time_range};
+use crate::source::{DataFile, TableSource};
+use crate::tables::TableDef;
+
+/// Up to this many files per partition slot, each file gets its own partition, so the
+/// declared sort order holds per partition and DataFusion merges sorted streams instead
+/// of sorting. With more files they are packed into `target_partitions` groups (a group
+/// of several overlapping files is not sorted; DataFusion then drops the ordering).
+const ORDERED_FILES_PER_PARTITION: usize = 4;
+
+/// The ascending order the persister writes (and the memtable scan produces):
+/// non-null key columns, so NULLS LAST is as true as FIRST and matches SQL's `ASC`.
+const ASC: SortOptions = SortOptions { descending: false, nulls_first: false };
+
+/// One stored table, read through a [`TableSource`].
+pub struct ApronTable {
+    def: &'static TableDef,
+    schema: SchemaRef,
+    source: Arc<dyn TableSource>,
+}
+
+impl fmt::Debug for ApronTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApronTable").field("table", &self.def.name).finish()
+    }
+}
+
+/// What one scan read and skipped, for logs and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanStats {
+    pub files: usize,
+    pub files_pruned: usize,
+    pub batches: usize,
+    pub batches_pruned: usize,
+}
+
+impl ApronTable {
+    pub fn new(def: &'static TableDef, schema: SchemaRef, source: Arc<dyn TableSource>) -> ApronTable {
+        ApronTable { def, schema, source }
+    }
+
+    /// Indices (in the table schema) of the longest prefix of the sort order that is in
+    /// `columns` — the ordering a projection can still declare.
+    fn sort_prefix(&self, columns: &[usize]) -> Vec<usize> {
+        self.def
+            .sort_order
+            .iter()
+            .map_while(|name| self.schema.index_of(name).ok().filter(|i| columns.contains(i)))
+            .collect()
+    }
+
+    /// The declared ordering over `keys` (table-schema indices), in `schema`'s indices.
+    fn ordering(&self, keys: &[usize], schema: &SchemaRef) -> Option<LexOrdering> {
+        let exprs = keys.iter().map(|&k| {
+            let name = self.schema.field(k).name();
+            let idx = schema.index_of(name).ok()?;
+            Some(PhysicalSortExpr::new(Arc::new(Column::new(name, idx)), ASC))
+        });
+        LexOrdering::new(exprs.collect::<Option<Vec<_>>>()?)
+    }
+
+    fn parquet_scan(
+        &self,
+        state: &dyn Session,
+        files: Vec<DataFile>,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let url = ObjectStoreUrl::local_filesystem();
+        let mut source = ParquetSource::new(self.schema.clone())
+            .with_table_parquet_options(state.table_options().parquet.clone())
+            // Evaluate filters while decoding (late materialisation), cheapest first,
+            // and skip pages by the page index the persister writes.
+            .with_pushdown_filters(true)
+            .with_reorder_filters(true)
+            .with_enable_page_index(true)
+            // Footers and page indexes are cached across queries (files are immutable
+            // and never reuse a name).
+            .with_parquet_file_reader_factory(Arc::new(CachedParquetFileReaderFactory::new(
+                state.runtime_env().object_store(&url)?,
+                state.runtime_env().cache_manager.get_file_metadata_cache(),
+            )));
+        if let Some(filter) = conjunction(filters.to_vec()) {
+            let df_schema = datafusion::common::DFSchema::try_from(self.schema.as_ref().clone())?;
+            source = source.with_predicate(state.create_physical_expr(filter, &df_schema)?);
+        }
+
+        let mut parts = Vec::with_capacity(files.len());
+        for f in files {
+            let path = std::path::absolute(&f.path).map_err(DataFusionError::IoError)?;
+            let location = ObjectPath::from_absolute_path(&path).map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let mut pf = PartitionedFile::new(String::new(), f.bytes);
+            pf.object_meta.location = location;
+            parts.push(pf);
+        }
+        let target = state.config().target_partitions().max(1);
+        let groups: Vec<FileGroup> = if parts.len() <= target * ORDERED_FILES_PER_PARTITION {
+            parts.into_iter().map(|p| FileGroup::new(vec![p])).collect()
+        } else {
+            pack(parts, target).into_iter().map(FileGroup::new).collect()
+        };
+        let all: Vec<usize> = (0..self.schema.fields().len()).collect();
+        let keys = self.sort_prefix(&all);
+        let mut config = FileScanConfigBuilder::new(url, Arc::new(source))
+            .with_file_groups(groups)
+            .with_limit(limit)
+            .with_projection_indices(projection.cloned())?;
+        if let Some(ordering) = self.ordering(&keys, &self.schema) {
+            config = config.with_output_ordering(vec![ordering]);
+        }
+        Ok(DataSourceExec::from_data_source(config.build()))
+    }
+
+    fn memory_scan(
+        &self,
+        state: &dyn Session,
+        batches: Vec<RecordBatch>,
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let columns: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let projected = project_schema(&self.schema, Some(&columns))?;
+        let keys = self.sort_prefix(&columns);
+        let partitions = if keys.is_empty() || limit.is_some() {
+            // No order to offer (or a LIMIT without ORDER BY): spread the batches over
+            // the partitions as they are.
+            let target = state.config().target_partitions().max(1).min(batches.len()).max(1);
+            let mut parts = vec![Vec::new(); target];
+            for (i, b) in batches.iter().enumerate() {
+                parts[i % target].push(b.project(&columns)?);
+            }
+            parts
+        } else {
+            // Sort the (small, at most one persist interval of) memtable rows by the
+            // persisted order, so the union keeps the files' ordering and an ORDER BY /
+            // GROUP BY on it needs no full sort. Only the projected columns are copied.
+            let all = concat_batches(&self.schema, &batches)?;
+            let sort: Vec<SortColumn> =
+                keys.iter().map(|&k| SortColumn { values: all.column(k).clone(), options: Some(ASC) }).collect();
+            let indices = lexsort_to_indices(&sort, None)?;
+            vec![vec![take_record_batch(&all.project(&columns)?, &indices)?]]
+        };
+        let mut mem = MemorySourceConfig::try_new(&partitions, projected.clone(), None)?.with_limit(limit);
+        if partitions.len() == 1
+            && !keys.is_empty()
+            && limit.is_none()
+            && let Some(ordering) = self.ordering(&keys, &projected)
+        {
+            mem = mem.try_with_sort_information(vec![ordering])?;
+        }
+        Ok(DataSourceExec::from_data_source(mem))
+    }
+
+    /// Splits a snapshot into what the filters' time range can match.
+    fn prune(
+        &self,
+        files: Vec<DataFile>,
+        batches: Vec<RecordBatch>,
+        range: TimeRange,
+    ) -> (Vec<DataFile>, Vec<RecordBatch>, ScanStats) {
+        let mut stats = ScanStats::default();
+        let (files, skipped): (Vec<_>, Vec<_>) =
+            files.into_iter().partition(|f| f.day.is_none_or(|d| range.overlaps_day(d)));
+        stats.files = files.len();
+        stats.files_pruned = skipped.len();
+        let time_idx = self.schema.index_of(self.def.time_column).ok();
+        let (batches, skipped): (Vec<_>, Vec<_>) = batches.into_iter().filter(|b| b.num_rows() > 0).partition(|b| {
+            match time_idx.and_then(|i| time_span(b.column(i))) {
+                Some((lo, hi)) => range.overlaps(lo, hi),
+                None => true,
+            }
+        });
+        stats.batches = batches.len();
+        stats.batches_pruned = skipped.len();
+        (files, batches, stats)
+    }
+}
+
+/// Min and max of a Timestamp(µs) column, `None` if it is another type or all null.
+fn time_span(col: &ArrayRef) -> Option<(i64, i64)> {
+    if !matches!(col.data_type(), datafusion::arrow::datatypes::DataType::Timestamp(TimeUnit::Microsecond, _)) {
+        return None;
+    }
+    let ts = col.as_any().downcast_ref::<TimestampMicrosecondArray>()?;
+    Some((min(ts)?, max(ts)?))
+}
+
+/// Packs files into `n` groups of similar total size (largest first into the lightest).
+fn pack(mut files: Vec<PartitionedFile>, n: usize) -> Vec<Vec<PartitionedFile>> {
+    files.sort_by_key(|f| std::cmp::Reverse(f.object_meta.size));
+    let mut groups: Vec<(u64, Vec<PartitionedFile>)> = (0..n).map(|_| (0, Vec::new())).collect();
+    for f in files {
+        if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
+            g.0 += f.object_meta.size;
+            g.1.push(f);
+        }
+    }
+    groups.into_iter().map(|g| g.1).filter(|g| !g.is_empty()).collect()
+}
+
+#[async_trait]
+impl TableProvider for ApronTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+        // Inexact: used for pruning and Parquet row filters; DataFusion re-checks rows.
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let snapshot = self.source.snapshot(self.def.name).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let range = time_range(filters, self.def.time_column);
+        let (files, batches, stats) = self.prune(snapshot.files, snapshot.batches, range);
+        tracing::debug!(table = self.def.name, ?range, ?stats, "scan");
+
+        let mut inputs = Vec::with_capacity(2);
+        if !files.is_empty() {
+            inputs.push(self.parquet_scan(state, files, projection, filters, limit)?);
+        }
+        if !batches.is_empty() {
+            inputs.push(self.memory_scan(state, batches, projection, limit)?);
+        }
+        if inputs.is_empty() {
+            return Ok(Arc::new(EmptyExec::new(project_schema(&self.schema, projection)?)));
+        }
+        UnionExec::try_new(inputs)
+    }
+}

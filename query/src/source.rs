@@ -1,0 +1,167 @@
+//! Where table data comes from: [`TableSource`], implemented for the live
+//! [`apron_collector::Store`] (memtable + Parquet) and for a data directory opened
+//! read-only without a server ([`DirectorySource`], Parquet only).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use apron_collector::persist::{self, PersistError};
+use apron_collector::schema::storage_schema;
+use apron_collector::{PersistedFile, Store, Table};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+
+/// One persisted Parquet file of a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataFile {
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// The UTC day (days since 1970-01-01) of its `date=` partition: every row's time
+    /// column falls in that day. `None` when unknown (the file is then never pruned).
+    pub day: Option<i64>,
+}
+
+/// A consistent view of one table: rows still in memory and the Parquet files, with no
+/// row in both.
+#[derive(Clone, Debug, Default)]
+pub struct TableSnapshot {
+    /// In the table's schema ([`TableSource::schema`]).
+    pub batches: Vec<RecordBatch>,
+    pub files: Vec<DataFile>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("data directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a directory")]
+    NotADirectory { path: PathBuf },
+    #[error("listing Parquet files: {0}")]
+    List(#[from] PersistError),
+}
+
+/// What the query layer reads: per table name, the schema, the memtable batches and the
+/// Parquet files. `snapshot` is called once per table scan (at planning), so each query
+/// sees the data as of its start.
+pub trait TableSource: Send + Sync + fmt::Debug {
+    /// The schema shared by the batches and files of `table`; `None` when this source
+    /// does not hold the table (it is then not registered).
+    fn schema(&self, table: &str) -> Option<SchemaRef>;
+
+    /// The table's data now.
+    fn snapshot(&self, table: &str) -> Result<TableSnapshot, SourceError>;
+}
+
+fn data_files(files: Vec<PersistedFile>) -> Vec<DataFile> {
+    files.into_iter().map(|f| DataFile { day: parse_date(&f.date), path: f.path, bytes: f.bytes }).collect()
+}
+
+/// The live store: memtable batches (queryable as soon as ingested) and published files,
+/// taken under the store's lock so no row is in both.
+impl TableSource for Store {
+    fn schema(&self, table: &str) -> Option<SchemaRef> {
+        Table::from_name(table).map(storage_schema)
+    }
+
+    fn snapshot(&self, table: &str) -> Result<TableSnapshot, SourceError> {
+        let Some(t) = Table::from_name(table) else { return Ok(TableSnapshot::default()) };
+        let view = self.view(t);
+        Ok(TableSnapshot { batches: view.batches, files: data_files(view.files) })
+    }
+}
+
+/// A data directory read without a server (`apron sql --data DIR`): the published
+/// Parquet files of each table's `date=` partitions, listed afresh at every query. Rows
+/// still in the WAL (not yet persisted, at most one persist interval) are not visible:
+/// replaying the WAL would need the store's lock and writes, which a reader must not take.
+#[derive(Clone, Debug)]
+pub struct DirectorySource {
+    data_dir: PathBuf,
+}
+
+impl DirectorySource {
+    /// Opens `data_dir` for reading; nothing in it is created, locked or changed.
+    pub fn open(data_dir: impl AsRef<Path>) -> Result<DirectorySource, SourceError> {
+        let path = data_dir.as_ref();
+        let meta = std::fs::metadata(path).map_err(|source| SourceError::Io { path: path.to_path_buf(), source })?;
+        if !meta.is_dir() {
+            return Err(SourceError::NotADirectory { path: path.to_path_buf() });
+        }
+        // Absolute, so file paths stay valid whatever the process's working directory.
+        let data_dir =
+            std::path::absolute(path).map_err(|source| SourceError::Io { path: path.to_path_buf(), source })?;
+        Ok(DirectorySource { data_dir })
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+}
+
+impl TableSource for DirectorySource {
+    fn schema(&self, table: &str) -> Option<SchemaRef> {
+        Table::from_name(table).map(storage_schema)
+    }
+
+    fn snapshot(&self, table: &str) -> Result<TableSnapshot, SourceError> {
+        let Some(t) = Table::from_name(table) else { return Ok(TableSnapshot::default()) };
+        Ok(TableSnapshot { batches: Vec::new(), files: data_files(persist::list_files(&self.data_dir, t)?) })
+    }
+}
+
+/// `YYYY-MM-DD` → days since 1970-01-01 (proleptic Gregorian), `None` if malformed.
+pub fn parse_date(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    Some(days_from_civil(y, m, d))
+}
+
+/// Howard Hinnant's `days_from_civil`.
+pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(parse_date("1970-01-01"), Some(0));
+        assert_eq!(parse_date("2026-11-19"), Some(20_776));
+        assert_eq!(parse_date("2000-03-01"), Some(11_017));
+        assert_eq!(parse_date("2026-13-01"), None);
+        assert_eq!(parse_date("2026-1-01"), None);
+        assert_eq!(parse_date("20261-01-0"), None);
+    }
+
+    #[test]
+    fn directory_source_refuses_missing_dir_and_lists_nothing_in_empty_one() {
+        assert!(matches!(DirectorySource::open("/nonexistent/apron"), Err(SourceError::Io { .. })));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = DirectorySource::open(dir.path()).expect("open");
+        let snap = src.snapshot("gpu_samples").expect("snapshot");
+        assert!(snap.files.is_empty() && snap.batches.is_empty());
+        assert!(src.schema("gpu_samples").is_some());
+        assert!(src.schema("nope").is_none());
+        // Reading created nothing.
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0);
+    }
+}

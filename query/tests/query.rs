@@ -1,0 +1,440 @@
+//! End to end: a real collector `Store` in a temp dir (some rows persisted to Parquet in
+//! two day partitions, some only in the memtable), queried through `QueryEngine`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apron_collector::{IngestRequest, Store, StoreConfig, Table};
+use apron_common::wire::{encode_ipc, processes_to_batch, windows_to_batch};
+use apron_common::{Field, FieldStats, GpuIdentity, GpuUuid, GpuWindow, HostName, ProcessRow, UnixMicros};
+use apron_query::{DirectorySource, Format, QueryConfig, QueryEngine, QueryError, QueryResult, TableSource};
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::datatypes::Int64Type;
+
+/// 2026-11-19T00:00:00Z in µs.
+const DAY1: i64 = 20_776 * 86_400_000_000;
+const DAY: i64 = 86_400_000_000;
+const GPUS: usize = 4;
+
+fn identity(g: usize) -> GpuIdentity {
+    GpuIdentity {
+        cluster: None,
+        host: HostName::new(format!("node-{}", g / 2)).expect("host"),
+        gpu_uuid: GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
+        gpu_index: (g % 2) as u32,
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        pci_bus_id: String::new(),
+        minor_number: None,
+        parent_gpu_uuid: None,
+        mig_profile: None,
+        mig_gpu_instance_id: None,
+    }
+}
+
+/// gpu_util of GPU `g` at second `s` (exact at 1e-4).
+fn util(g: usize, s: i64) -> f64 {
+    ((g as i64 * 7 + s) % 101) as f64 / 100.0
+}
+
+fn stats(v: f64) -> Option<FieldStats> {
+    Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v })
+}
+
+/// `GPUS` × `secs` windows ending at `start_us + s`, time-major (as an agent sends them).
+fn samples(start_us: i64, secs: i64) -> Vec<u8> {
+    let mut rows = Vec::new();
+    for s in 0..secs {
+        for g in 0..GPUS {
+            let mut w = GpuWindow::new(UnixMicros(start_us + s * 1_000_000), Duration::from_secs(1), identity(g));
+            w.fields[Field::GpuUtil.index()] = stats(util(g, s));
+            w.fields[Field::PowerWatts.index()] = stats(300.125 + g as f64);
+            w.fields[Field::GpuTempC.index()] = stats(50.0 + g as f64);
+            rows.push(w);
+        }
+    }
+    encode_ipc(&windows_to_batch(&rows).expect("batch")).expect("ipc")
+}
+
+fn processes(time: i64) -> Vec<u8> {
+    let rows: Vec<ProcessRow> = (0..GPUS)
+        .map(|g| ProcessRow {
+            time: UnixMicros(time),
+            host: identity(g).host,
+            gpu_uuid: identity(g).gpu_uuid,
+            pid: 1000 + g as u32,
+            process_name: Some("python".into()),
+            user: Some("alice".into()),
+            fb_used_bytes: Some(1 << 30),
+            sm_util: Some(0.25),
+            container_id: None,
+            pod: Some(format!("train-{g}")),
+            namespace: Some("ml".into()),
+            container: None,
+            pod_uid: None,
+            job_id: None,
+        })
+        .collect();
+    encode_ipc(&processes_to_batch(&rows).expect("batch")).expect("ipc")
+}
+
+fn ingest(store: &Store, table: Table, sequence: u64, body: &[u8]) {
+    let req = IngestRequest { table, agent: "test-agent", epoch: "e1", sequence, body };
+    store.ingest(req).expect("ingest");
+}
+
+/// Day 0 and day 1: 60 s each, persisted. Day 2: 30 s, memtable only. 600 rows in all.
+fn fixture() -> (tempfile::TempDir, Arc<Store>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = StoreConfig {
+        data_dir: dir.path().join("data"),
+        // The test decides when to persist.
+        persist_interval: Duration::from_secs(3600),
+        ..StoreConfig::default()
+    };
+    let store = Store::open(config).expect("open");
+    ingest(&store, Table::GpuSamples, 1, &samples(DAY1 - DAY, 60));
+    ingest(&store, Table::GpuSamples, 2, &samples(DAY1, 60));
+    ingest(&store, Table::GpuProcesses, 3, &processes(DAY1));
+    store.persist_now().expect("persist");
+    ingest(&store, Table::GpuSamples, 4, &samples(DAY1 + DAY, 30));
+    (dir, Arc::new(store))
+}
+
+fn engine(source: Arc<dyn TableSource>, config: QueryConfig) -> QueryEngine {
+    QueryEngine::new(config, source).expect("engine")
+}
+
+async fn json(engine: &QueryEngine, sql: &str) -> serde_json::Value {
+    let r = engine.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e} ({})", e.detail()));
+    serde_json::from_slice(&r.render(Format::Json).expect("render")).expect("json")
+}
+
+async fn count(engine: &QueryEngine, sql: &str) -> i64 {
+    let r: QueryResult = engine.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    r.batches[0].column(0).as_primitive::<Int64Type>().value(0)
+}
+
+/// The physical plan of `sql` as text.
+async fn physical_plan(engine: &QueryEngine, sql: &str) -> String {
+    let j = json(engine, &format!("EXPLAIN {sql}")).await;
+    let rows = j["rows"].as_array().expect("rows");
+    let row = rows.iter().find(|r| r[0] == "physical_plan").expect("physical plan row");
+    row[1].as_str().expect("plan text").to_owned()
+}
+
+fn rfc3339(us: i64) -> String {
+    UnixMicros(us).to_rfc3339()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memtable_and_parquet_together_and_fresh_rows_visible_at_once() {
+    let (_dir, store) = fixture();
+    assert_eq!(store.persisted_files(Table::GpuSamples).len(), 2, "two day partitions on disk");
+    let e = engine(store.clone(), QueryConfig::default());
+    assert_eq!(e.tables(), ["gpu_samples", "gpu_processes"]);
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 600);
+    // A new batch is queryable as soon as ingest returns.
+    ingest(&store, Table::GpuSamples, 5, &samples(DAY1 + DAY + 30_000_000, 1));
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 604);
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_processes").await, GPUS as i64);
+    // The Hive partition column is not a table column.
+    let err = e.execute("SELECT date FROM gpu_samples").await.expect_err("no date column");
+    assert_eq!(err.status(), 400, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregates_match_hand_computed_values() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let j = json(
+        &e,
+        "SELECT gpu_uuid, avg(gpu_util) AS u, max(power_watts) AS p, count(*) AS n \
+         FROM gpu_samples GROUP BY gpu_uuid ORDER BY gpu_uuid",
+    )
+    .await;
+    let rows = j["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), GPUS);
+    for (g, row) in rows.iter().enumerate() {
+        let values: Vec<f64> = (0..60).chain(0..60).chain(0..30).map(|s| util(g, s)).collect();
+        let expect = values.iter().sum::<f64>() / values.len() as f64;
+        assert_eq!(row[0], format!("GPU-{g:04}"));
+        let got = row[1].as_f64().expect("avg is a JSON number");
+        assert!((got - expect).abs() < 1e-9, "GPU {g}: {got} vs {expect}");
+        assert_eq!(row[2].as_f64(), Some(300.125 + g as f64));
+        assert_eq!(row[3], 150);
+    }
+    // The decimal is rendered exactly, not through a binary float.
+    let text = e.execute("SELECT power_watts FROM gpu_samples WHERE gpu_uuid = 'GPU-0000' LIMIT 1").await.expect("q");
+    let body = String::from_utf8(text.render(Format::Json).expect("json")).expect("utf8");
+    assert!(body.contains("[300.125]"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_filters_prune_day_partitions_and_memtable_batches() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let day1 = rfc3339(DAY1);
+    let sql = format!("SELECT count(*) FROM gpu_samples WHERE time >= '{day1}'");
+    let plan = physical_plan(&e, &sql).await;
+    assert!(plan.contains("date=2026-11-19"), "{plan}");
+    assert!(!plan.contains("date=2026-11-18"), "day 0 must be pruned:\n{plan}");
+    assert_eq!(count(&e, &sql).await, 240 + 120);
+
+    // An upper bound prunes the memtable batch (day 2) and day 1's file.
+    let sql = format!("SELECT count(*) FROM gpu_samples WHERE time < '{day1}'");
+    let plan = physical_plan(&e, &sql).await;
+    assert!(plan.contains("date=2026-11-18") && !plan.contains("date=2026-11-19"), "{plan}");
+    assert!(!plan.contains("partitions=1, partition_sizes"), "memtable batch must be pruned:\n{plan}");
+    assert_eq!(count(&e, &sql).await, 240);
+
+    // BETWEEN and the Parquet predicate: statistics/page-index pruning inside the file.
+    let (a, b) = (rfc3339(DAY1 + 10_000_000), rfc3339(DAY1 + 19_000_000));
+    let sql = format!("SELECT count(*) FROM gpu_samples WHERE time BETWEEN '{a}' AND '{b}'");
+    let plan = physical_plan(&e, &sql).await;
+    assert!(plan.contains("predicate="), "the filter is pushed into the Parquet scan:\n{plan}");
+    assert!(!plan.contains("date=2026-11-18"), "{plan}");
+    assert_eq!(count(&e, &sql).await, 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_sort_order_avoids_a_full_sort() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let plan = physical_plan(&e, "SELECT gpu_uuid, time, gpu_util FROM gpu_samples ORDER BY gpu_uuid, time").await;
+    assert!(plan.contains("output_ordering=[gpu_uuid@1 ASC NULLS LAST, time@0 ASC NULLS LAST]"), "{plan}");
+    assert!(!plan.contains("SortExec"), "files and memtable are already sorted:\n{plan}");
+    let j = json(&e, "SELECT gpu_uuid, time FROM gpu_samples ORDER BY gpu_uuid, time").await;
+    let rows = j["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 600);
+    let keys: Vec<(String, String)> =
+        rows.iter().map(|r| (r[0].as_str().unwrap_or("").to_owned(), r[1].as_str().unwrap_or("").to_owned())).collect();
+    assert!(keys.windows(2).all(|w| w[0] <= w[1]), "result is ordered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_is_refused_as_read_only() {
+    let (dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let out = dir.path().join("out");
+    let o = out.display();
+    let writes = [
+        ("CREATE TABLE t (a INT)", "CREATE TABLE"),
+        ("CREATE TABLE t AS SELECT * FROM gpu_samples", "CREATE TABLE"),
+        (&format!("CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{o}'"), "CREATE EXTERNAL TABLE"),
+        ("CREATE VIEW v AS SELECT 1", "CREATE VIEW"),
+        ("CREATE SCHEMA s", "CREATE SCHEMA"),
+        ("INSERT INTO gpu_samples SELECT * FROM gpu_samples", "INSERT"),
+        ("INSERT INTO no_such_table VALUES (1)", "INSERT"),
+        ("DELETE FROM gpu_samples", "DELETE"),
+        ("UPDATE gpu_samples SET window_s = 2", "UPDATE"),
+        ("TRUNCATE gpu_samples", "TRUNCATE"),
+        (&format!("COPY (SELECT 1) TO '{o}.csv'"), "COPY … TO"),
+        (&format!("COPY gpu_samples TO '{o}.parquet' STORED AS PARQUET"), "COPY … TO"),
+        ("DROP TABLE gpu_samples", "DROP"),
+        ("DROP VIEW v", "DROP"),
+        ("SET datafusion.execution.batch_size = 1", "SET"),
+        ("RESET datafusion.execution.batch_size", "RESET"),
+        ("BEGIN", "START TRANSACTION"),
+        ("PREPARE p AS SELECT 1", "PREPARE"),
+        ("EXPLAIN ANALYZE INSERT INTO gpu_samples SELECT * FROM gpu_samples", "INSERT"),
+        (&format!("EXPLAIN COPY (SELECT 1) TO '{o}.csv'"), "COPY … TO"),
+        ("SELECT 1; DROP TABLE gpu_samples", ""),
+    ];
+    for (sql, what) in writes {
+        let err = e.execute(sql).await.expect_err(sql);
+        match &err {
+            QueryError::ReadOnly { what: got } => {
+                assert!(got.starts_with(what), "{sql}: refused as {got:?}, expected {what:?}");
+                assert_eq!(err.status(), 400);
+                assert!(err.to_json()["error"].as_str().is_some_and(|m| m.starts_with("read-only: ")));
+            }
+            // Several statements in one request are refused before anything is planned.
+            other if what.is_empty() => assert_eq!(other.status(), 400, "{sql}: {other}"),
+            other => panic!("{sql}: expected ReadOnly, got {other:?}"),
+        }
+    }
+    // Nothing was written and the tables are intact.
+    assert!(!out.exists() && !dir.path().join("out.csv").exists() && !dir.path().join("out.parquet").exists());
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 600);
+    // Reads of metadata pass.
+    for sql in [
+        "SHOW TABLES",
+        "DESCRIBE gpu_samples",
+        "SHOW COLUMNS FROM gpu_samples",
+        "EXPLAIN SELECT 1",
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'gpu_samples'",
+        "SELECT * FROM generate_series(1, 3)",
+        "WITH x AS (SELECT gpu_uuid FROM gpu_samples) SELECT count(*) FROM x WHERE gpu_uuid IN (SELECT gpu_uuid FROM gpu_processes)",
+    ] {
+        e.execute(sql).await.unwrap_or_else(|err| panic!("{sql}: {err}"));
+    }
+    // No URL tables: a path is not a table name.
+    let err = e.execute(&format!("SELECT * FROM '{o}.parquet'")).await.expect_err("url table");
+    assert_eq!(err.status(), 400, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syntax_and_planning_errors_are_400() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let err = e.execute("SELEC 1").await.expect_err("syntax");
+    assert_eq!((err.status(), err.code()), (400, "sql_syntax"), "{err}");
+    let err = e.execute("SELECT nope FROM gpu_samples").await.expect_err("column");
+    assert_eq!((err.status(), err.code()), (400, "invalid_query"), "{err}");
+    let err = e.execute("SELECT * FROM no_such_table").await.expect_err("table");
+    assert_eq!((err.status(), err.code()), (400, "invalid_query"), "{err}");
+    let err = e.execute("SELECT CAST('abc' AS INT)").await.expect_err("cast");
+    assert_eq!(err.status(), 400, "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_fails_clearly() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig { memory_limit_bytes: 1 << 20, ..QueryConfig::default() });
+    // A million distinct groups need far more than 1 MiB of hash table.
+    let err = e
+        .execute("SELECT v, count(*) FROM generate_series(1, 1000000) AS t(v) GROUP BY v ORDER BY v")
+        .await
+        .expect_err("over the limit");
+    assert!(matches!(err, QueryError::MemoryLimit { .. }), "{err:?}");
+    assert_eq!(err.status(), 507);
+    assert_eq!(err.to_string(), "query exceeded the memory limit of 1 MiB");
+    assert!(!err.detail().is_empty());
+    // The engine still answers small queries.
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_query_times_out() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig { timeout: Duration::from_millis(20), ..QueryConfig::default() });
+    // 600 × 600 × 50 = 18 M joined rows: seconds in a debug build, far over 20 ms in any.
+    let sql = "SELECT count(*) FROM gpu_samples a, gpu_samples b, generate_series(1, 50) AS g(v) \
+               WHERE a.gpu_util + b.gpu_util > CAST(g.v AS DOUBLE) / 25";
+    let started = Instant::now();
+    let err = e.execute(sql).await.expect_err("timeout");
+    assert!(matches!(err, QueryError::Timeout { .. }), "{err:?}");
+    assert_eq!(err.status(), 504);
+    assert_eq!(err.to_string(), "query timed out after 20ms");
+    // The caller is answered on time even while the query's operators hog their threads.
+    assert!(started.elapsed() < Duration::from_secs(2), "answered promptly: {:?}", started.elapsed());
+    // The cancelled query frees its slot once it has stopped.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while e.running() > 0 {
+        assert!(Instant::now() < deadline, "the cancelled query never stopped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_cap_answers_busy() {
+    let (_dir, store) = fixture();
+    let config = QueryConfig {
+        max_concurrent: 1,
+        queue_timeout: Duration::from_millis(50),
+        timeout: Duration::from_secs(30),
+        ..QueryConfig::default()
+    };
+    let e = Arc::new(engine(store, config));
+    let slow = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            e.execute("SELECT count(*) FROM gpu_samples a, gpu_samples b, gpu_samples c, gpu_samples d").await
+        })
+    };
+    // Poll until the slow query holds the only slot.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.running() == 0 {
+        assert!(Instant::now() < deadline, "the slow query never started");
+        tokio::task::yield_now().await;
+    }
+    let err = e.execute("SELECT 1").await.expect_err("busy");
+    assert!(matches!(err, QueryError::Busy { max_concurrent: 1, .. }), "{err:?}");
+    assert_eq!(err.status(), 503);
+    slow.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_row_cap() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig { max_result_rows: 10, ..QueryConfig::default() });
+    let err = e.execute("SELECT * FROM gpu_samples").await.expect_err("too many rows");
+    assert_eq!((err.status(), err.code()), (413, "too_many_rows"));
+    assert_eq!(e.execute("SELECT * FROM gpu_samples LIMIT 10").await.expect("limit").num_rows(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renderings_json_csv_arrow_parquet() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let sql = "SELECT time, gpu_uuid, gpu_util, power_watts, gpu_temp_c, sm_active FROM gpu_samples \
+               WHERE gpu_uuid = 'GPU-0001' ORDER BY time LIMIT 2";
+    let r = e.execute(sql).await.expect("query");
+    let j: serde_json::Value = serde_json::from_slice(&r.render(Format::Json).expect("json")).expect("parse");
+    assert_eq!(
+        j["columns"],
+        serde_json::json!([
+            {"name": "time", "type": "timestamp"},
+            {"name": "gpu_uuid", "type": "string"},
+            {"name": "gpu_util", "type": "decimal(5,4)"},
+            {"name": "power_watts", "type": "decimal(9,3)"},
+            {"name": "gpu_temp_c", "type": "int32"},
+            {"name": "sm_active", "type": "decimal(5,4)"},
+        ])
+    );
+    assert_eq!(
+        j["rows"],
+        serde_json::json!([
+            ["2026-11-18T00:00:00Z", "GPU-0001", 0.07, 301.125, 51, null],
+            ["2026-11-18T00:00:01Z", "GPU-0001", 0.08, 301.125, 51, null],
+        ])
+    );
+
+    let csv = String::from_utf8(r.render(Format::Csv).expect("csv")).expect("utf8");
+    assert_eq!(
+        csv,
+        "time,gpu_uuid,gpu_util,power_watts,gpu_temp_c,sm_active\n\
+         2026-11-18T00:00:00Z,GPU-0001,0.0700,301.125,51,\n\
+         2026-11-18T00:00:01Z,GPU-0001,0.0800,301.125,51,\n"
+    );
+
+    let ipc = r.render(Format::ArrowStream).expect("arrow");
+    let reader =
+        datafusion::arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None).expect("ipc reader");
+    assert_eq!(reader.schema(), r.schema);
+    let batches: Vec<_> = reader.collect::<Result<_, _>>().expect("batches");
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
+
+    let pq = r.render(Format::Parquet).expect("parquet");
+    let builder = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new({
+        use std::io::{Seek, Write};
+        let mut f = tempfile::tempfile().expect("tempfile");
+        f.write_all(&pq).expect("write");
+        f.rewind().expect("rewind");
+        f
+    })
+    .expect("parquet reader");
+    assert_eq!(builder.schema().fields().len(), 6);
+    let batches: Vec<_> = builder.build().expect("build").collect::<Result<_, _>>().expect("batches");
+    assert_eq!(batches[0].num_rows(), 2);
+    assert_eq!(batches[0].column(1).as_string::<i32>().value(0), "GPU-0001");
+    assert!(batches[0].column(5).is_null(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_source_reads_persisted_files_only() {
+    let (dir, store) = fixture();
+    let data = store.data_dir().to_path_buf();
+    // The directory is read without the store's lock, WAL or memtable.
+    let src = DirectorySource::open(&data).expect("open dir");
+    let e = engine(Arc::new(src), QueryConfig::default());
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 480);
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_processes").await, GPUS as i64);
+    let day1 = rfc3339(DAY1);
+    let plan = physical_plan(&e, &format!("SELECT count(*) FROM gpu_samples WHERE time >= '{day1}'")).await;
+    assert!(!plan.contains("date=2026-11-18"), "{plan}");
+    // A persist becomes visible at the next query.
+    store.persist_now().expect("persist");
+    assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 600);
+    drop(dir);
+}

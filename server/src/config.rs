@@ -1,0 +1,280 @@
+//! `apron serve`'s configuration: the TOML file, the overrides the binary takes from
+//! flags and `APRON_*` variables, and the validated [`ServeConfig`].
+//!
+//! ```toml
+//! [server]
+//! listen = "127.0.0.1:9402"          # loopback by default; port 0 picks a free port
+//!
+//! [ingest]
+//! tokens = ["…"]                     # and/or
+//! token_file = "/etc/apron/ingest-tokens"   # one token per line, '#' comments
+//! max_body_bytes = "64MiB"           # 413 beyond
+//! clock_skew_threshold = "30s"
+//! max_concurrent = 32                # 429 beyond
+//!
+//! [storage]                          # apron_collector::StoreConfig
+//! data_dir = "/var/lib/apron"
+//! persist_interval = "10m"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use apron_collector::StoreConfig;
+use apron_collector::http::IngestOptions;
+use serde::Deserialize;
+
+/// The server's default listen address: the contract's port, loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid value for `{key}`: {value:?} — {expected}")]
+    Invalid { key: String, value: String, expected: String },
+    #[error(
+        "apron serve requires an ingest token: set [ingest] tokens = [\"…\"] or token_file = \"PATH\" in the config file, or APRON_INGEST_TOKEN"
+    )]
+    NoToken,
+}
+
+fn invalid(key: impl Into<String>, value: impl Into<String>, expected: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), value: value.into(), expected: expected.into() }
+}
+
+/// The config file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub ingest: IngestSection,
+    #[serde(default)]
+    pub storage: StoreConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestSection {
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    pub token_file: Option<PathBuf>,
+    pub max_body_bytes: Option<ByteSize>,
+    pub clock_skew_threshold: Option<String>,
+    pub max_concurrent: Option<i64>,
+}
+
+/// A size: a TOML integer (bytes) or a string with a unit (`"64MiB"`, `"1GB"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(i64),
+    Text(String),
+}
+
+/// Flag and environment overrides; `None` keeps the file's value.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    /// One more accepted ingest token (`APRON_INGEST_TOKEN`).
+    pub ingest_token: Option<String>,
+}
+
+/// Everything `apron serve` runs on, validated.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub store: StoreConfig,
+    pub ingest: IngestOptions,
+}
+
+const MAX_BODY_MIN: u64 = 1 << 10;
+const MAX_BODY_MAX: u64 = 1 << 32;
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        FileConfig::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
+        toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string().trim().to_owned() })
+    }
+
+    /// Applies overrides and validates; reads `ingest.token_file`. The accepted tokens
+    /// are all of `ingest.tokens`, the file's and the override's (several at once let
+    /// an operator rotate them without downtime).
+    pub fn resolve(self, o: Overrides) -> Result<ServeConfig, ConfigError> {
+        let listen_text = o.listen.or(self.server.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            invalid("server.listen", &listen_text, "an address such as 127.0.0.1:9402 (port 0 picks a free port)")
+        })?;
+
+        let i = self.ingest;
+        let mut tokens = Vec::new();
+        for (n, t) in i.tokens.into_iter().enumerate() {
+            tokens.push(check_token(format!("ingest.tokens[{n}]"), t)?);
+        }
+        if let Some(path) = &i.token_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                invalid("ingest.token_file", path.display().to_string(), format!("a readable file of tokens ({e})"))
+            })?;
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                tokens.push(check_token(format!("ingest.token_file {} line {}", path.display(), n + 1), line.into())?);
+            }
+        }
+        if let Some(t) = o.ingest_token {
+            tokens.push(check_token("APRON_INGEST_TOKEN".into(), t)?);
+        }
+        if tokens.is_empty() {
+            return Err(ConfigError::NoToken);
+        }
+        for t in &tokens {
+            if t.len() < 16 {
+                tracing::warn!(
+                    "an ingest token is shorter than 16 characters; use a long random one (openssl rand -hex 32)"
+                );
+                break;
+            }
+        }
+
+        let defaults = IngestOptions::default();
+        let max_body_bytes = match &i.max_body_bytes {
+            None => defaults.max_body_bytes,
+            Some(v) => {
+                let (n, text) = match v {
+                    ByteSize::Bytes(n) => (u64::try_from(*n).ok(), n.to_string()),
+                    ByteSize::Text(t) => (apron_agent::config::parse_bytes(t), t.clone()),
+                };
+                match n.filter(|n| (MAX_BODY_MIN..=MAX_BODY_MAX).contains(n)).and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) => n,
+                    None => {
+                        return Err(invalid(
+                            "ingest.max_body_bytes",
+                            text,
+                            "a size between 1KiB and 4GiB: a number of bytes or a string such as \"64MiB\"",
+                        ));
+                    }
+                }
+            }
+        };
+        let clock_skew_threshold = match i.clock_skew_threshold {
+            None => defaults.clock_skew_threshold,
+            Some(text) => {
+                let d = humantime::parse_duration(&text).map_err(|e| {
+                    invalid("ingest.clock_skew_threshold", &text, format!("a duration such as \"30s\" ({e})"))
+                })?;
+                if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&d) {
+                    return Err(invalid("ingest.clock_skew_threshold", text, "between 1s and 1d"));
+                }
+                d
+            }
+        };
+        let max_concurrent = match i.max_concurrent {
+            None => defaults.max_concurrent,
+            Some(n) if (1..=4096).contains(&n) => usize::try_from(n).unwrap_or(defaults.max_concurrent),
+            Some(n) => return Err(invalid("ingest.max_concurrent", n.to_string(), "between 1 and 4096")),
+        };
+
+        let mut store = self.storage;
+        if let Some(dir) = o.data_dir {
+            store.data_dir = dir;
+        }
+        Ok(ServeConfig {
+            listen,
+            store,
+            ingest: IngestOptions { tokens, max_body_bytes, clock_skew_threshold, max_concurrent },
+        })
+    }
+}
+
+/// A token must be sendable in a header unchanged. The error never shows the token.
+fn check_token(key: String, token: String) -> Result<String, ConfigError> {
+    let token = token.trim().to_owned();
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(key, "<hidden>", "a non-empty token of visible ASCII characters, no spaces"));
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(text: &str, o: Overrides) -> Result<ServeConfig, ConfigError> {
+        FileConfig::parse(text, Path::new("apron.toml"))?.resolve(o)
+    }
+
+    #[test]
+    fn a_token_is_required() {
+        let e = resolve("", Overrides::default()).expect_err("no token");
+        assert!(e.to_string().contains("APRON_INGEST_TOKEN") && e.to_string().contains("token_file"), "{e}");
+        let c = resolve("", Overrides { ingest_token: Some("from-the-environment".into()), ..Default::default() })
+            .expect("env token");
+        assert_eq!(c.ingest.tokens, vec!["from-the-environment".to_owned()]);
+    }
+
+    #[test]
+    fn defaults() {
+        let c = resolve("[ingest]\ntokens = [\"0123456789abcdef\"]\n", Overrides::default()).expect("valid");
+        assert_eq!(c.listen, DEFAULT_LISTEN.parse().expect("addr"));
+        assert!(c.listen.ip().is_loopback());
+        assert_eq!(c.ingest.max_body_bytes, 64 << 20);
+        assert_eq!(c.ingest.clock_skew_threshold, Duration::from_secs(30));
+        assert_eq!(c.store, StoreConfig::default());
+    }
+
+    #[test]
+    fn values_and_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "# rotation\nold-token-aaaaaaaaaa\n\n  new-token-bbbbbbbbbb  \n").expect("write");
+        let text = format!(
+            "[server]\nlisten = \"0.0.0.0:0\"\n[ingest]\ntoken_file = {:?}\nmax_body_bytes = \"1MiB\"\nclock_skew_threshold = \"2m\"\nmax_concurrent = 4\n[storage]\ndata_dir = \"/srv/apron\"\npersist_interval = \"1m\"\n",
+            file.display().to_string()
+        );
+        let c = resolve(&text, Overrides { data_dir: Some("/elsewhere".into()), ..Default::default() }).expect("valid");
+        assert_eq!(c.ingest.tokens, vec!["old-token-aaaaaaaaaa".to_owned(), "new-token-bbbbbbbbbb".to_owned()]);
+        assert_eq!(c.ingest.max_body_bytes, 1 << 20);
+        assert_eq!(c.ingest.clock_skew_threshold, Duration::from_secs(120));
+        assert_eq!(c.ingest.max_concurrent, 4);
+        assert_eq!(c.store.data_dir, PathBuf::from("/elsewhere"), "the override wins");
+        assert_eq!(c.store.persist_interval, Duration::from_secs(60));
+        assert_eq!(c.listen.port(), 0);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let tok = "[ingest]\ntokens = [\"0123456789abcdef\"]\n";
+        let err = |extra: &str| resolve(&format!("{tok}{extra}"), Overrides::default()).expect_err(extra).to_string();
+        assert!(err("[server]\nlisten = \"nowhere\"\n").contains("server.listen"));
+        assert!(err("max_body_bytes = \"lots\"\n").contains("ingest.max_body_bytes"));
+        assert!(err("max_body_bytes = 10\n").contains("1KiB"));
+        assert!(err("clock_skew_threshold = \"soon\"\n").contains("ingest.clock_skew_threshold"));
+        assert!(err("max_concurrent = 0\n").contains("ingest.max_concurrent"));
+        assert!(err("tokenz = []\n").contains("tokenz"), "unknown keys are refused");
+        assert!(err("[storage]\npersist_intervall = \"1m\"\n").contains("persist_intervall"));
+        let e = resolve("[ingest]\ntokens = [\"two words\"]\n", Overrides::default()).expect_err("spaces").to_string();
+        assert!(e.contains("ingest.tokens[0]") && !e.contains("two words"), "{e}");
+        let e = resolve("[ingest]\ntoken_file = \"/nonexistent/t\"\n", Overrides::default()).expect_err("file");
+        assert!(e.to_string().contains("/nonexistent/t"), "{e}");
+    }
+}

@@ -1,0 +1,178 @@
+//! `apron`: the server binary's library.
+//!
+//! ```text
+//!  apron serve --config apron.toml            apron up [--http ADDR] [--data DIR]
+//!   config: TOML + overrides → ServeConfig      token: random, this run only
+//!          │                                    agent: apron-agent library, nvml or sim,
+//!          ▼                                           ships over HTTP with that token
+//!   Server::open: Store::open (WAL replay)              │
+//!   Server::run(listener, shutdown)  ◄──────────────────┘  (same server, loopback only)
+//!     app(): collector::http::router (ingest, healthz, metrics) — further routers merge here
+//!     shutdown: stop accepting → finish requests in flight → Store::persist_now
+//! ```
+//!
+//! - [`config`]: `apron serve`'s file, overrides and validation.
+//! - [`up`]: the all-in-one `apron up`: server + in-process agent, `endpoints.json`.
+//! - [`Server`]: a store and its HTTP routes; [`app`] is the one place where the routers
+//!   of the server are put together.
+//!
+//! The library reads no environment variables; `main.rs` does (clap), and prints.
+
+pub mod config;
+pub mod up;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apron_collector::http::{IngestOptions, IngestState, SetupError, json_error};
+use apron_collector::{Store, StoreConfig, StoreError};
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::Response;
+use prometheus_client::registry::Registry;
+
+pub use config::{ConfigError, FileConfig, Overrides, ServeConfig};
+
+/// How long requests in flight may take to finish after a shutdown signal before their
+/// connections are dropped (an ingest request is bounded by one WAL fsync; this covers
+/// a slow client still sending its body).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot open the store: {0}")]
+    Store(#[source] StoreError),
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("the HTTP server failed: {0}")]
+    Serve(std::io::Error),
+    #[error(
+        "persisting the memtable at shutdown failed: {0}; nothing is lost, the WAL holds the data and the next start replays it"
+    )]
+    Persist(#[source] StoreError),
+    #[error("a background task failed: {0}")]
+    Task(String),
+    #[error(
+        "apron up binds loopback addresses only (it has no authentication on its own endpoints); got {0}. Use apron serve for a deployment"
+    )]
+    NotLoopback(SocketAddr),
+    #[error("the in-process agent: {0}")]
+    Agent(String),
+}
+
+/// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
+/// merged here, and only here — `.merge(sql::router(..))` before the fallbacks, which
+/// apply to the routes present when they are set — so every route answers unknown paths
+/// and methods in the contract's error shape.
+pub fn app(ingest: IngestState) -> Router {
+    apron_collector::http::router(ingest).method_not_allowed_fallback(method_not_allowed).fallback(not_found)
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    json_error(StatusCode::NOT_FOUND, "not_found", &format!("no route for {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    json_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        &format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// The store and the HTTP routes over it.
+pub struct Server {
+    store: Arc<Store>,
+    ingest: IngestState,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("store", &self.store).finish()
+    }
+}
+
+impl Server {
+    /// Opens the store (finishing an interrupted persist and replaying the WAL, which
+    /// blocks: call it from `spawn_blocking` or before the runtime) and builds the
+    /// routes.
+    pub fn open(store: StoreConfig, ingest: IngestOptions) -> Result<Server, ServerError> {
+        let store = Arc::new(Store::open(store).map_err(ServerError::Store)?);
+        let r = store.open_report();
+        if r.replayed_records > 0 || r.renames_completed > 0 || r.temp_files_removed > 0 {
+            tracing::info!(
+                replayed_records = r.replayed_records,
+                replayed_rows = r.replayed_rows,
+                renames_completed = r.renames_completed,
+                temp_files_removed = r.temp_files_removed,
+                "recovered the store"
+            );
+        }
+        let ingest = IngestState::new(store.clone(), ingest, Registry::default())?;
+        Ok(Server { store, ingest })
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops accepting, lets the
+    /// requests in flight finish (so every acknowledged batch was fsynced, and no request
+    /// is cut between fsync and answer) and persists the memtable to Parquet.
+    pub async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        tracing::info!("serving http://{addr} (POST /api/v1/ingest, GET /metrics, GET /healthz)");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = app(self.ingest.clone());
+        let mut serving = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+
+        let failed = tokio::select! {
+            r = &mut serving => Some(r),
+            () = shutdown => None,
+        };
+        let served = match failed {
+            Some(r) => r.map_err(|e| ServerError::Task(e.to_string())).and_then(|r| r.map_err(ServerError::Serve)),
+            None => {
+                tracing::info!("shutting down: no new connections; finishing the requests in flight");
+                let _ = stop.send(());
+                match tokio::time::timeout(DRAIN_TIMEOUT, &mut serving).await {
+                    Ok(r) => {
+                        r.map_err(|e| ServerError::Task(e.to_string())).and_then(|r| r.map_err(ServerError::Serve))
+                    }
+                    Err(_) => {
+                        // A request still running its WAL append completes on its
+                        // blocking thread either way; only its answer is lost, and the
+                        // client retries (a duplicate then).
+                        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
+                        serving.abort();
+                        Ok(())
+                    }
+                }
+            }
+        };
+
+        let store = self.store.clone();
+        let persisted = tokio::task::spawn_blocking(move || store.persist_now())
+            .await
+            .map_err(|e| ServerError::Task(e.to_string()))?
+            .map_err(ServerError::Persist)?;
+        tracing::info!(rows = persisted.rows, files = persisted.files.len(), "persisted the memtable to Parquet");
+        served
+    }
+}

@@ -1,0 +1,949 @@
+//! End-to-end tests of the `apron` binary (and the real `apron-agent` binary where an
+//! agent is needed).
+//!
+//! Every server binds port 0 (or a port just found free) and readiness is polled; the
+//! only sleeps are the random kill points of the kill -9 loop. The data directory is
+//! read back with `Store::open` after the server has stopped, so what is counted is what
+//! a restart would see.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use apron_collector::{Store, StoreConfig, Table};
+use apron_common::wire::{encode_ipc, processes_to_batch, windows_to_batch};
+use apron_common::{Field, FieldStats, GpuIdentity, GpuUuid, GpuWindow, HostName, ProcessRow, UnixMicros};
+use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray;
+use arrow_array::types::TimestampMicrosecondType;
+use serde_json::Value;
+
+const APRON: &str = env!("CARGO_BIN_EXE_apron");
+const TOKEN: &str = "test-ingest-token-0123456789abcdef";
+
+/// target/<profile>/apron-agent: built by `scripts/test.sh` (cargo test builds only this
+/// package's binaries).
+fn agent_bin() -> PathBuf {
+    let p = Path::new(APRON).parent().expect("binary has a directory").join("apron-agent");
+    assert!(
+        p.exists(),
+        "{} is missing: build the agent first (`cargo build -p apron-agent`; scripts/test.sh does it)",
+        p.display()
+    );
+    p
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc_kill(child.id() as i32, sig) };
+}
+
+fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_micros() as i64
+}
+
+// ───────────────────────────── HTTP ─────────────────────────────
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One HTTP/1.1 request. The body is written on its own thread while the answer is read,
+/// so a server that answers early (413) and closes is still heard. `Err` when the
+/// connection failed before a status line arrived.
+fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Reply, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).map_err(|e| e.to_string())?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += &format!("Content-Length: {}\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    let body = body.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&body);
+    });
+    let mut raw = Vec::new();
+    let read = s.read_to_end(&mut raw);
+    let _ = writer.join();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return Err(format!("no answer ({read:?}): {text:?}"));
+    };
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| text.clone())?;
+    let headers = head.to_ascii_lowercase();
+    let body = if headers.contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
+    Ok(Reply { status, headers, body })
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    try_request(addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path, &[], b"")
+}
+
+/// The protocol headers of one batch (docs/ingest.md).
+fn ingest_headers<'a>(
+    table: &'a str,
+    agent: &'a str,
+    epoch: &'a str,
+    seq: &'a str,
+    auth: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("Authorization", auth),
+        ("Content-Type", "application/vnd.apache.arrow.stream"),
+        ("x-apron-table", table),
+        ("x-apron-agent", agent),
+        ("x-apron-epoch", epoch),
+        ("x-apron-sequence", seq),
+    ]
+}
+
+fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+/// The sum of a family's samples whose line contains `filter` (e.g. a label), `None`
+/// when there is none.
+fn metric(text: &str, name: &str, filter: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
+        .filter(|l| l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+// ───────────────────────────── batches ─────────────────────────────
+
+fn identity(uuid: &str) -> GpuIdentity {
+    GpuIdentity {
+        cluster: None,
+        host: HostName::new("test-host").expect("host"),
+        gpu_uuid: GpuUuid::new(uuid).expect("uuid"),
+        gpu_index: 0,
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        pci_bus_id: String::new(),
+        minor_number: None,
+        parent_gpu_uuid: None,
+        mig_profile: None,
+        mig_gpu_instance_id: None,
+    }
+}
+
+/// A `gpu_samples` batch with one row per `(uuid, time)` marker.
+fn samples(markers: &[(String, i64)]) -> RecordBatch {
+    let rows: Vec<GpuWindow> = markers
+        .iter()
+        .map(|(uuid, t)| {
+            let mut w = GpuWindow::new(UnixMicros(*t), Duration::from_secs(1), identity(uuid));
+            let v = (*t % 10_000) as f64 / 10_000.0;
+            w.fields[Field::GpuUtil.index()] = Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v });
+            w
+        })
+        .collect();
+    windows_to_batch(&rows).expect("batch")
+}
+
+fn samples_body(markers: &[(String, i64)]) -> Vec<u8> {
+    encode_ipc(&samples(markers)).expect("encode")
+}
+
+fn processes_body() -> Vec<u8> {
+    let row = ProcessRow {
+        time: UnixMicros(now_us()),
+        host: HostName::new("test-host").expect("host"),
+        gpu_uuid: GpuUuid::new("GPU-p").expect("uuid"),
+        pid: 42,
+        process_name: Some("python".into()),
+        user: None,
+        fb_used_bytes: Some(1 << 30),
+        sm_util: Some(0.5),
+        container_id: None,
+        pod: None,
+        namespace: None,
+        container: None,
+        pod_uid: None,
+        job_id: None,
+    };
+    encode_ipc(&processes_to_batch(&[row]).expect("batch")).expect("encode")
+}
+
+// ───────────────────────────── processes ─────────────────────────────
+
+struct ServerProc {
+    child: Child,
+    addr: SocketAddr,
+    stderr: PathBuf,
+    _stdout: BufReader<ChildStdout>,
+}
+
+/// `[server]`, `[ingest]` with the test token, `[storage]` in `data`; `extra` is
+/// appended to `[ingest]`, `storage` to `[storage]`.
+fn write_config(dir: &Path, data: &Path, extra: &str, storage: &str) -> PathBuf {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[ingest]\ntokens = [{TOKEN:?}]\n{extra}\n[storage]\ndata_dir = {:?}\n{storage}\n",
+        data.display().to_string()
+    );
+    let path = dir.join("apron.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+impl ServerProc {
+    /// `apron serve --config CONFIG ARGS…`, waiting for its "listening on" line.
+    fn start(config: &Path, args: &[&str], log: &Path) -> ServerProc {
+        let mut child = Command::new(APRON)
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("APRON_INGEST_TOKEN")
+            .env_remove("APRON_HTTP")
+            .env_remove("APRON_DATA")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file"))
+            .spawn()
+            .expect("apron starts");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        let _ = stdout.read_line(&mut line);
+        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("apron serve did not start: {line:?}\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        };
+        ServerProc { child, addr, stderr: log.to_owned(), _stdout: stdout }
+    }
+
+    fn metrics(&self) -> String {
+        let r = get(self.addr, "/metrics");
+        assert_eq!(r.status, 200, "{r:?}");
+        r.body
+    }
+
+    /// SIGTERM: a clean stop (drain, persist). Returns the log.
+    fn stop(mut self) -> String {
+        signal(&self.child, 15);
+        let status = poll("apron exit", Duration::from_secs(30), || self.child.try_wait().ok().flatten());
+        let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        assert!(status.success(), "apron exited with {status}\n{log}");
+        log
+    }
+
+    fn kill9(mut self) {
+        signal(&self.child, 9);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct AgentProc {
+    child: Child,
+    addr: SocketAddr,
+    stderr: PathBuf,
+}
+
+impl AgentProc {
+    /// The real agent on the simulator, shipping to `collector` every second; the token
+    /// comes from APRON_COLLECTOR_TOKEN, the spool and flush settings from a file.
+    fn start(dir: &Path, collector: &str, windows_out: &Path) -> AgentProc {
+        let config = dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[samplers]\nprocesses = \"1s\"\n[shipper]\nspool_dir = {:?}\nflush_interval = \"1s\"\nrequest_timeout = \"2s\"\nmax_backoff = \"500ms\"\n",
+                dir.join("spool").display().to_string()
+            ),
+        )
+        .expect("write agent config");
+        let stderr = dir.join("agent.log");
+        let mut child = Command::new(agent_bin())
+            .args(["--source", "sim", "--collector", collector, "--hostname", "t", "--listen", "127.0.0.1:0"])
+            .arg("--config")
+            .arg(&config)
+            .arg("--windows-out")
+            .arg(windows_out)
+            .env("APRON_COLLECTOR_TOKEN", TOKEN)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("agent log"))
+            .spawn()
+            .expect("apron-agent starts");
+        let mut line = String::new();
+        let _ = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line);
+        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+            let _ = child.kill();
+            panic!("apron-agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+        };
+        AgentProc { child, addr, stderr }
+    }
+
+    fn metrics(&self) -> String {
+        get(self.addr, "/metrics").body
+    }
+
+    fn stop(mut self) -> String {
+        signal(&self.child, 15);
+        let status = poll("agent exit", Duration::from_secs(30), || self.child.try_wait().ok().flatten());
+        let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        assert!(status.success(), "apron-agent exited with {status}\n{log}");
+        log
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ───────────────────────────── reading the store ─────────────────────────────
+
+#[derive(Debug, Default)]
+struct Contents {
+    rows: HashMap<Table, usize>,
+    /// Rows still in memory (WAL replay) after the open.
+    memory_rows: usize,
+    /// (gpu_uuid, time) of every gpu_samples row → how often it is stored.
+    markers: HashMap<(String, i64), usize>,
+    parquet_files: usize,
+}
+
+fn add_markers(c: &mut Contents, batch: &RecordBatch) {
+    let uuid = batch.column_by_name("gpu_uuid").expect("gpu_uuid").as_string::<i32>();
+    let time = batch.column_by_name("time").expect("time").as_primitive::<TimestampMicrosecondType>();
+    for i in 0..batch.num_rows() {
+        *c.markers.entry((uuid.value(i).to_owned(), time.value(i))).or_default() += 1;
+    }
+}
+
+fn parquet_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            parquet_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "parquet") {
+            out.push(p);
+        }
+    }
+}
+
+/// Opens the store in `data` (recovery included), reads every row of both tables from
+/// memory and Parquet, and reads every Parquet file under the table directories in full.
+fn read_store(data: &Path) -> Contents {
+    let store = Store::open(StoreConfig { data_dir: data.to_owned(), ..StoreConfig::default() })
+        .unwrap_or_else(|e| panic!("the store in {} opens: {e}", data.display()));
+    let mut c = Contents::default();
+    for table in [Table::GpuSamples, Table::GpuProcesses] {
+        let view = store.view(table);
+        let mut rows = 0;
+        for b in &view.batches {
+            rows += b.num_rows();
+            c.memory_rows += b.num_rows();
+            if table == Table::GpuSamples {
+                add_markers(&mut c, b);
+            }
+        }
+        let mut on_disk = Vec::new();
+        parquet_files(&data.join(table.name()), &mut on_disk);
+        on_disk.sort();
+        let mut published: Vec<PathBuf> = view.files.iter().map(|f| f.path.clone()).collect();
+        published.sort();
+        assert_eq!(on_disk, published, "{}: every Parquet file on disk is published, and no other", table.name());
+        for path in &on_disk {
+            let file = std::fs::File::open(path).expect("open parquet");
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .unwrap_or_else(|e| panic!("{} is not readable: {e}", path.display()))
+                .build()
+                .expect("reader");
+            for b in reader {
+                let b = b.unwrap_or_else(|e| panic!("{} is not readable: {e}", path.display()));
+                rows += b.num_rows();
+                if table == Table::GpuSamples {
+                    add_markers(&mut c, &b);
+                }
+            }
+        }
+        c.parquet_files += on_disk.len();
+        c.rows.insert(table, rows);
+    }
+    c
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir").flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if src.is_dir() {
+            copy_dir(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).expect("copy");
+        }
+    }
+}
+
+// ───────────────────────────── tests ─────────────────────────────
+
+/// (a) The real agent ships both tables to the real server; a SIGTERM persists; the
+/// store holds exactly the rows the server counted.
+#[test]
+fn agent_round_trip_is_durable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &data, "", "");
+    let server = ServerProc::start(&config, &[], &dir.path().join("apron.log"));
+    let agent = AgentProc::start(dir.path(), &format!("http://{}", server.addr), &dir.path().join("windows.jsonl"));
+    poll("rows of both tables at the server", Duration::from_secs(20), || {
+        let m = server.metrics();
+        (metric(&m, "apron_ingest_rows_total", "gpu_samples")? > 0.0
+            && metric(&m, "apron_ingest_rows_total", "gpu_processes")? > 0.0)
+            .then_some(())
+    });
+    let agent_log = agent.stop();
+    let m = server.metrics();
+    let samples = metric(&m, "apron_ingest_rows_total", "gpu_samples").expect("samples") as usize;
+    let processes = metric(&m, "apron_ingest_rows_total", "gpu_processes").expect("processes") as usize;
+    assert!(metric(&m, "apron_ingest_requests_total", "status=\"200\"").expect("200s") >= 2.0, "{m}");
+    assert_eq!(
+        metric(&m, "apron_ingest_requests_total", ""),
+        metric(&m, "apron_ingest_requests_total", "\"200\""),
+        "only 200s:\n{m}\n{agent_log}"
+    );
+    assert!(m.contains("apron_agent_clock_skew_seconds{agent=\"t\"}"), "{m}");
+    assert!(metric(&m, "apron_memtable_rows", "gpu_samples").is_some(), "{m}");
+    assert!(metric(&m, "apron_wal_bytes", "").expect("wal gauge") > 0.0, "{m}");
+    let health = get(server.addr, "/healthz");
+    assert_eq!((health.status, health.json()["status"].as_str()), (200, Some("ok")));
+    let server_addr = server.addr;
+    let log = server.stop();
+    assert!(log.contains(&format!("serving http://{}", server_addr)), "the bound address is logged: {log}");
+    assert!(log.contains("persisted the memtable to Parquet"), "{log}");
+
+    assert!(data.join("wal").is_dir() && data.join("checkpoint.json").is_file(), "WAL and checkpoint exist");
+    let c = read_store(&data);
+    assert!(c.parquet_files >= 2, "one file per table at least: {c:?}");
+    assert_eq!(c.memory_rows, 0, "a clean stop persisted everything");
+    assert_eq!(c.rows[&Table::GpuSamples], samples);
+    assert_eq!(c.rows[&Table::GpuProcesses], processes);
+    assert!(c.markers.values().all(|&n| n == 1), "no row twice");
+}
+
+/// (b) Without the token, or with a wrong one: 401, the contract's error body.
+#[test]
+fn ingest_requires_the_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let server = ServerProc::start(&write_config(dir.path(), &data, "", ""), &[], &dir.path().join("apron.log"));
+    let body = samples_body(&[("GPU-a".into(), now_us())]);
+    for auth in ["", "Bearer wrong-token", "Bearer ", "Basic dGVzdDp0ZXN0", &format!("Bearer {TOKEN}x")] {
+        let mut h = ingest_headers("gpu_samples", "a", "e1", "1", auth);
+        if auth.is_empty() {
+            h.remove(0);
+        }
+        let r = request(server.addr, "POST", "/api/v1/ingest", &h, &body);
+        assert_eq!(r.status, 401, "{auth:?}: {r:?}");
+        let j = r.json();
+        assert_eq!(j["error"], "unauthorized");
+        assert!(j["detail"].as_str().is_some_and(|d| !d.is_empty()), "{j}");
+        assert!(r.headers.contains("www-authenticate: bearer"), "{r:?}");
+    }
+    let m = server.metrics();
+    assert_eq!(metric(&m, "apron_ingest_requests_total", "\"401\""), Some(5.0), "{m}");
+    server.stop();
+    let c = read_store(&data);
+    assert_eq!(c.rows.values().sum::<usize>(), 0);
+}
+
+/// (c) Missing or bad headers 400, malformed body 400, wrong schema 422, oversized body
+/// and too many rows 413 — each with a message, and nothing stored.
+#[test]
+fn bad_input_is_refused_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &data, "max_body_bytes = \"64KiB\"", "max_rows_per_batch = 10");
+    let server = ServerProc::start(&config, &[], &dir.path().join("apron.log"));
+    let auth = bearer();
+    let t0 = now_us();
+    let good = samples_body(&[("GPU-a".into(), t0)]);
+    let post = |h: &[(&str, &str)], body: &[u8]| request(server.addr, "POST", "/api/v1/ingest", h, body);
+    let expect = |r: Reply, status: u16, error: &str, detail: &str| {
+        assert_eq!(r.status, status, "{r:?}");
+        let j = r.json();
+        assert_eq!(j["error"], error, "{j}");
+        let d = j["detail"].as_str().expect("detail");
+        assert!(d.contains(detail), "detail {d:?} should mention {detail:?}");
+    };
+
+    let full = ingest_headers("gpu_samples", "a", "e1", "1", &auth);
+    for (i, (name, _)) in full.iter().enumerate().skip(1) {
+        let mut h = full.clone();
+        h.remove(i);
+        expect(post(&h, &good), 400, "missing_header", &name.to_ascii_lowercase());
+    }
+    expect(post(&ingest_headers("gpu_stuff", "a", "e1", "1", &auth), &good), 400, "unknown_table", "gpu_stuff");
+    expect(
+        post(&ingest_headers("gpu_samples", "a", "e1", "one", &auth), &good),
+        400,
+        "invalid_header",
+        "x-apron-sequence",
+    );
+    let mut h = full.clone();
+    h[1] = ("Content-Type", "application/json");
+    expect(post(&h, &good), 400, "invalid_header", "content-type");
+    expect(post(&full, b"this is not an Arrow IPC stream"), 400, "malformed_body", "");
+    expect(post(&full, &good[..good.len() / 2]), 400, "malformed_body", "");
+    // A valid gpu_processes batch labelled gpu_samples.
+    expect(post(&full, &processes_body()), 422, "wrong_schema", "gpu_samples");
+    // Over `max_rows_per_batch`, and over `max_body_bytes`.
+    let markers: Vec<(String, i64)> = (0..11).map(|i| (format!("GPU-{i}"), t0)).collect();
+    expect(post(&full, &samples_body(&markers)), 413, "too_many_rows", "10");
+    expect(post(&full, &vec![0u8; 100 << 10]), 413, "body_too_large", "65536");
+    // Routes that do not exist answer in the same shape.
+    let r = get(server.addr, "/api/v1/nothing");
+    assert_eq!((r.status, r.json()["error"].as_str()), (404, Some("not_found")));
+    let r = get(server.addr, "/api/v1/ingest");
+    assert_eq!((r.status, r.json()["error"].as_str()), (405, Some("method_not_allowed")), "{r:?}");
+
+    let m = server.metrics();
+    assert_eq!(metric(&m, "apron_ingest_requests_total", "\"400\""), Some(10.0), "{m}");
+    assert_eq!(metric(&m, "apron_ingest_requests_total", "\"413\""), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "apron_ingest_requests_total", "\"422\""), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "apron_ingest_requests_total", "\"200\""), None, "{m}");
+    server.stop();
+    let c = read_store(&data);
+    assert_eq!(c.rows.values().sum::<usize>(), 0, "nothing stored: {c:?}");
+    assert_eq!(c.parquet_files, 0);
+}
+
+/// Sample times far from the collector's clock are flagged per direction (counter, a
+/// rate-limited log line), and the gauge shows each agent's last offset.
+#[test]
+fn clock_skew_is_measured_and_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let log = dir.path().join("apron.log");
+    let server = ServerProc::start(&write_config(dir.path(), &data, "clock_skew_threshold = \"5s\"", ""), &[], &log);
+    let auth = bearer();
+    let hour = 3_600_000_000;
+    let sends = [("fast", 1, hour), ("fast", 2, hour + 1), ("slow", 1, -hour), ("ok", 1, 0)];
+    for (agent, seq, offset) in sends {
+        let body = samples_body(&[(format!("GPU-{agent}-{seq}"), now_us() + offset)]);
+        let seq = seq.to_string();
+        let r = request(
+            server.addr,
+            "POST",
+            "/api/v1/ingest",
+            &ingest_headers("gpu_samples", agent, "e", &seq, &auth),
+            &body,
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let m = server.metrics();
+    assert_eq!(metric(&m, "apron_ingest_clock_skew_batches_total", "ahead"), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "apron_ingest_clock_skew_batches_total", "behind"), Some(1.0), "{m}");
+    let skew =
+        |agent: &str| metric(&m, "apron_agent_clock_skew_seconds", &format!("agent=\"{agent}\"")).expect("gauge");
+    assert!((3590.0..3601.0).contains(&skew("fast")), "{m}");
+    assert!((-3601.0..-3590.0).contains(&skew("slow")), "{m}");
+    assert!(skew("ok").abs() < 5.0, "{m}");
+    let text = server.stop();
+    assert_eq!(text.matches("clock skew: agent fast").count(), 1, "one line per agent and minute:\n{text}");
+    assert_eq!(text.matches("clock skew: agent slow").count(), 1, "{text}");
+    assert!(!text.contains("clock skew: agent ok"), "{text}");
+}
+
+/// A batch of the kill -9 test: one agent's (epoch, sequence), four rows whose
+/// (gpu_uuid, time) markers appear in no other batch.
+struct ChaosBatch {
+    agent: String,
+    epoch: String,
+    seq: u64,
+    markers: Vec<(String, i64)>,
+    body: Vec<u8>,
+    acked: bool,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*: enough to scatter kill points; the seed is printed.
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// One agent's stream: its batches in send order, a new epoch at each simulated restart.
+struct ChaosAgent {
+    name: String,
+    batches: Vec<ChaosBatch>,
+    epoch_no: u32,
+    next_seq: u64,
+}
+
+impl ChaosAgent {
+    fn new_batch(&mut self, base_us: i64, serial: &mut i64) -> usize {
+        *serial += 1;
+        let t = base_us + *serial * 1000;
+        let markers: Vec<(String, i64)> = (0..4).map(|g| (format!("GPU-{}-{g}", self.name), t)).collect();
+        let body = samples_body(&markers);
+        self.batches.push(ChaosBatch {
+            agent: self.name.clone(),
+            epoch: format!(
+                "0199a000-0000-7000-8000-{:012x}",
+                u64::from(self.epoch_no) << 8 | u64::from(self.name.as_bytes()[0])
+            ),
+            seq: self.next_seq,
+            markers,
+            body,
+            acked: false,
+        });
+        self.next_seq += 1;
+        self.batches.len() - 1
+    }
+
+    fn restart(&mut self) {
+        self.epoch_no += 1;
+        self.next_seq = 1;
+    }
+}
+
+/// What sending one batch showed.
+enum Sent {
+    Acked {
+        duplicate: bool,
+    },
+    /// The server died (or answered something else): outcome unknown.
+    Lost,
+}
+
+fn send(addr: SocketAddr, b: &ChaosBatch) -> Sent {
+    let seq = b.seq.to_string();
+    let auth = bearer();
+    let h = ingest_headers("gpu_samples", &b.agent, &b.epoch, &seq, &auth);
+    match try_request(addr, "POST", "/api/v1/ingest", &h, &b.body) {
+        Ok(r) if r.status == 200 => {
+            let j = r.json();
+            assert_eq!(j["rows"], 4, "{j}");
+            Sent::Acked { duplicate: j["duplicate"].as_bool().expect("duplicate flag") }
+        }
+        Ok(r) => {
+            assert!(r.status >= 500, "only a storage failure may refuse a valid batch: {r:?}");
+            Sent::Lost
+        }
+        Err(_) => Sent::Lost,
+    }
+}
+
+/// Sends `agent`'s un-acked batches oldest first, then new ones, re-sending an acked
+/// batch now and then (it must come back `duplicate: true`), until the server stops
+/// answering or `until` passes. Returns (acks, duplicates confirmed).
+fn drive(
+    addr: SocketAddr,
+    agent: &mut ChaosAgent,
+    rng: &mut Rng,
+    base_us: i64,
+    serial: &mut i64,
+    until: Option<Instant>,
+) -> (usize, usize) {
+    let (mut acks, mut dups) = (0, 0);
+    loop {
+        if until.is_some_and(|u| Instant::now() >= u) {
+            return (acks, dups);
+        }
+        let acked: Vec<usize> = (0..agent.batches.len()).filter(|&i| agent.batches[i].acked).collect();
+        if !acked.is_empty() && rng.below(5) == 0 {
+            let i = acked[rng.below(acked.len() as u64) as usize];
+            match send(addr, &agent.batches[i]) {
+                Sent::Acked { duplicate } => {
+                    assert!(duplicate, "an acknowledged batch re-sent must be a duplicate");
+                    dups += 1;
+                }
+                Sent::Lost => return (acks, dups),
+            }
+            continue;
+        }
+        let i = match agent.batches.iter().position(|b| !b.acked) {
+            Some(i) => i,
+            None if until.is_none() => return (acks, dups),
+            None => agent.new_batch(base_us, serial),
+        };
+        match send(addr, &agent.batches[i]) {
+            Sent::Acked { .. } => {
+                agent.batches[i].acked = true;
+                acks += 1;
+            }
+            Sent::Lost => return (acks, dups),
+        }
+    }
+}
+
+/// Every acknowledged marker exactly once, no marker twice.
+fn check_acked(c: &Contents, agents: &[ChaosAgent], when: &str) {
+    if let Some((m, n)) = c.markers.iter().find(|(_, n)| **n > 1) {
+        panic!("{when}: row {m:?} stored {n} times");
+    }
+    for b in agents.iter().flat_map(|a| &a.batches).filter(|b| b.acked) {
+        for m in &b.markers {
+            assert_eq!(
+                c.markers.get(m),
+                Some(&1),
+                "{when}: acknowledged row {m:?} ({}/{}/{})",
+                b.agent,
+                b.epoch,
+                b.seq
+            );
+        }
+    }
+}
+
+/// (d) kill -9 at random points under concurrent ingest; after each kill every
+/// acknowledged row is present exactly once and every Parquet file is readable.
+/// `APRON_CHAOS_ITERATIONS` (default 20) and `APRON_CHAOS_SEED` tune it
+/// (`scripts/chaos-kill.sh` runs 100).
+#[test]
+fn kill_9_loses_no_acknowledged_row() {
+    let iterations: usize = std::env::var("APRON_CHAOS_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let seed: u64 =
+        std::env::var("APRON_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| now_us() as u64 | 1);
+    eprintln!("kill -9 loop: {iterations} iterations, APRON_CHAOS_SEED={seed}");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // Persists every 200 ms and small WAL segments, so kills also land in persists and
+    // segment rolls.
+    let config = write_config(dir.path(), &data, "", "persist_interval = \"200ms\"\nwal_segment_bytes = 262144");
+    let log = dir.path().join("apron.log");
+    let base_us = now_us() - 3_600_000_000;
+    let mut agents: Vec<ChaosAgent> = ["alpha", "bravo"]
+        .iter()
+        .map(|n| ChaosAgent { name: (*n).into(), batches: Vec::new(), epoch_no: 0, next_seq: 1 })
+        .collect();
+    let mut serials = [0i64; 2];
+    let (mut total_acks, mut total_dups, mut kills_mid_request) = (0, 0, 0);
+
+    for it in 0..iterations {
+        let server = ServerProc::start(&config, &[], &log);
+        let addr = server.addr;
+        let kill_after = Duration::from_millis(rng.below(500));
+        let seeds = [rng.next() | 1, rng.next() | 1];
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = agents
+                .iter_mut()
+                .zip(serials.iter_mut())
+                .zip(seeds)
+                .map(|((agent, serial), seed)| {
+                    s.spawn(move || {
+                        let mut rng = Rng(seed);
+                        drive(addr, agent, &mut rng, base_us, serial, Some(Instant::now() + Duration::from_secs(30)))
+                    })
+                })
+                .collect();
+            // The random kill point (the one sleep that is not about readiness).
+            std::thread::sleep(kill_after);
+            server.kill9();
+            handles.into_iter().map(|h| h.join().expect("sender")).collect::<Vec<_>>()
+        });
+        for (a, d) in results {
+            total_acks += a;
+            total_dups += d;
+        }
+        kills_mid_request += agents.iter().filter(|a| a.batches.last().is_some_and(|b| !b.acked)).count();
+        // Check a copy (the server recovers the original at its next start).
+        let copy = dir.path().join(format!("copy-{it}"));
+        copy_dir(&data, &copy);
+        let c = read_store(&copy);
+        check_acked(&c, &agents, &format!("after kill {it}"));
+        std::fs::remove_dir_all(&copy).expect("remove copy");
+        if it % 5 == 4 {
+            // An agent restart: the un-acked batches keep their old epoch and go first.
+            agents[(it / 5) % 2].restart();
+        }
+    }
+
+    // A last run re-sends everything still un-acked, then stops cleanly.
+    let server = ServerProc::start(&config, &[], &log);
+    for (agent, serial) in agents.iter_mut().zip(serials.iter_mut()) {
+        let (a, d) = drive(server.addr, agent, &mut rng, base_us, serial, None);
+        total_acks += a;
+        total_dups += d;
+        assert!(agent.batches.iter().all(|b| b.acked), "the running server acknowledges everything");
+    }
+    server.stop();
+    let c = read_store(&data);
+    check_acked(&c, &agents, "at the end");
+    let batches: usize = agents.iter().map(|a| a.batches.len()).sum();
+    assert_eq!(c.rows[&Table::GpuSamples], batches * 4, "exactly the acknowledged rows, once each");
+    assert!(total_dups > 0, "some acknowledged batches were re-sent");
+    eprintln!(
+        "kill -9 loop: {iterations} kills ({kills_mid_request} with an un-acknowledged batch in flight), {batches} batches acknowledged ({total_acks} acks), {total_dups} re-sent acknowledged batches answered duplicate, {} Parquet files readable",
+        c.parquet_files
+    );
+    assert!(batches >= iterations, "the loop ingested data: {batches} batches");
+}
+
+/// (e) The agent starts while the collector is down, spools, and delivers everything
+/// once the server comes up on its port.
+#[test]
+fn collector_outage_spools_and_recovers_without_loss() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let windows_out = dir.path().join("windows.jsonl");
+    let agent = AgentProc::start(dir.path(), &format!("http://127.0.0.1:{port}"), &windows_out);
+    poll("batches spooled while the collector is down", Duration::from_secs(20), || {
+        (metric(&agent.metrics(), "apron_agent_spool_files", "")? >= 4.0).then_some(())
+    });
+
+    let config = write_config(dir.path(), &data, "", "");
+    let server = ServerProc::start(&config, &["--http", &format!("127.0.0.1:{port}")], &dir.path().join("apron.log"));
+    poll("the spool drained into the server", Duration::from_secs(30), || {
+        let drained = metric(&agent.metrics(), "apron_agent_spool_files", "")? == 0.0;
+        (drained && metric(&server.metrics(), "apron_ingest_rows_total", "gpu_samples")? > 0.0).then_some(())
+    });
+    let agent_log = agent.stop();
+    server.stop();
+
+    let closed: Vec<(String, i64)> = std::fs::read_to_string(&windows_out)
+        .expect("windows file")
+        .lines()
+        .map(|l| {
+            let w: Value = serde_json::from_str(l).expect("window JSON");
+            (w["gpu"]["gpu_uuid"].as_str().expect("uuid").to_owned(), w["time"].as_i64().expect("time"))
+        })
+        .collect();
+    let c = read_store(&data);
+    assert!(closed.len() > 16, "the agent closed windows: {}", closed.len());
+    for m in &closed {
+        assert_eq!(c.markers.get(m), Some(&1), "window {m:?} stored once\n{agent_log}");
+    }
+    assert_eq!(c.rows[&Table::GpuSamples], closed.len(), "nothing else stored");
+}
+
+/// (f) `apron up` on port 0: endpoints.json appears, the in-process agent (the
+/// simulator, without a GPU) ships through the ingest path, and a SIGTERM persists.
+#[test]
+fn apron_up_serves_and_ingests_from_its_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("apron-data");
+    let out = dir.path().join("up.out");
+    let log = dir.path().join("up.log");
+    let mut child = Command::new(APRON)
+        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("apron up starts");
+    let endpoints: Value = poll("endpoints.json", Duration::from_secs(30), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("apron up exited with {status}\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).ok()?).ok()
+    });
+    let url = |key: &str| -> (SocketAddr, String) {
+        let u = endpoints[key].as_str().unwrap_or_else(|| panic!("endpoints.{key}: {endpoints}"));
+        let rest = u.strip_prefix("http://").expect("http URL");
+        let (host, path) = rest.split_once('/').map_or((rest, String::new()), |(h, p)| (h, format!("/{p}")));
+        (host.parse().expect("address"), path)
+    };
+    let (http, _) = url("http");
+    assert!(http.ip().is_loopback() && http.port() != 0, "{endpoints}");
+    let (maddr, mpath) = url("metrics");
+    assert_eq!((maddr, mpath.as_str()), (http, "/metrics"));
+    assert_eq!(url("ingest").1, "/api/v1/ingest");
+    let (aaddr, apath) = url("agent_metrics");
+    assert_eq!(get(aaddr, &apath).status, 200);
+
+    let rows = |min: f64| {
+        poll("rows ingested from the in-process agent", Duration::from_secs(30), || {
+            let r = try_request(http, "GET", "/metrics", &[], b"").ok()?;
+            metric(&r.body, "apron_ingest_rows_total", "gpu_samples").filter(|&n| n > min)
+        })
+    };
+    let first = rows(0.0);
+    rows(first);
+    let printed = std::fs::read_to_string(&out).expect("stdout");
+    assert!(printed.contains(endpoints["http"].as_str().expect("http")), "{printed}");
+    assert!(printed.contains("sim") || printed.contains("nvml"), "{printed}");
+    assert!(printed.contains("not served yet"), "--pg is reserved: {printed}");
+
+    signal(&child, 15);
+    let status = poll("apron up exit", Duration::from_secs(30), || child.try_wait().ok().flatten());
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "apron up exited with {status}\n{text}");
+    assert!(data.join("agent-spool").is_dir(), "the agent spools under the data directory");
+    let c = read_store(&data);
+    assert!(c.rows[&Table::GpuSamples] as f64 > first, "{c:?}");
+    assert_eq!(c.memory_rows, 0, "persisted at shutdown");
+}
