@@ -442,7 +442,7 @@ fn authorize(headers: &HeaderMap, tokens: &[Box<[u8]>]) -> Result<(), ApiError> 
 
 /// Byte equality whose running time depends only on the lengths, not on where the
 /// first difference is.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = u8::from(a.len() != b.len());
     for i in 0..a.len().max(b.len()) {
         diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);

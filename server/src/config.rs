@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use apron_collector::StoreConfig;
 use apron_collector::http::IngestOptions;
+use apron_query::QueryConfig;
 use serde::Deserialize;
 
 /// The server's default listen address: the contract's port, loopback only.
@@ -56,6 +57,20 @@ pub struct FileConfig {
     pub ingest: IngestSection,
     #[serde(default)]
     pub storage: StoreConfig,
+    #[serde(default)]
+    pub sql: SqlSection,
+    /// Limits of the SQL layer (`apron_query::QueryConfig`).
+    #[serde(default)]
+    pub query: QueryConfig,
+}
+
+/// Who may run SQL (`POST /api/v1/sql`). Without a token the endpoint refuses every
+/// request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlSection {
+    #[serde(default)]
+    pub tokens: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +105,8 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     /// One more accepted ingest token (`APRON_INGEST_TOKEN`).
     pub ingest_token: Option<String>,
+    /// One more accepted SQL token (`APRON_SQL_TOKEN`).
+    pub sql_token: Option<String>,
 }
 
 /// Everything `apron serve` runs on, validated.
@@ -98,6 +115,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub store: StoreConfig,
     pub ingest: IngestOptions,
+    pub query: QueryConfig,
+    /// Accepted SQL bearer tokens; empty: SQL is refused.
+    pub sql_tokens: Vec<String>,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -198,10 +218,19 @@ impl FileConfig {
         if let Some(dir) = o.data_dir {
             store.data_dir = dir;
         }
+        let mut sql_tokens = Vec::new();
+        for (n, t) in self.sql.tokens.into_iter().enumerate() {
+            sql_tokens.push(check_token(format!("sql.tokens[{n}]"), t)?);
+        }
+        if let Some(t) = o.sql_token {
+            sql_tokens.push(check_token("APRON_SQL_TOKEN".into(), t)?);
+        }
         Ok(ServeConfig {
             listen,
             store,
             ingest: IngestOptions { tokens, max_body_bytes, clock_skew_threshold, max_concurrent },
+            query: self.query,
+            sql_tokens,
         })
     }
 }

@@ -7,7 +7,7 @@
 //!          ▼                                           ships over HTTP with that token
 //!   Server::open: Store::open (WAL replay)              │
 //!   Server::run(listener, shutdown)  ◄──────────────────┘  (same server, loopback only)
-//!     app(): collector::http::router (ingest, healthz, metrics) — further routers merge here
+//!     app(): collector::http::router (ingest, healthz, metrics) + sql::router (POST /api/v1/sql)
 //!     shutdown: stop accepting → finish requests in flight → Store::persist_now
 //! ```
 //!
@@ -19,6 +19,7 @@
 //! The library reads no environment variables; `main.rs` does (clap), and prints.
 
 pub mod config;
+pub mod sql;
 pub mod up;
 
 use std::future::Future;
@@ -28,10 +29,13 @@ use std::time::Duration;
 
 use apron_collector::http::{IngestOptions, IngestState, SetupError, json_error};
 use apron_collector::{Store, StoreConfig, StoreError};
+use apron_query::{QueryConfig, QueryEngine};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::Response;
 use prometheus_client::registry::Registry;
+
+pub use sql::SqlAuth;
 
 pub use config::{ConfigError, FileConfig, Overrides, ServeConfig};
 
@@ -64,14 +68,16 @@ pub enum ServerError {
     NotLoopback(SocketAddr),
     #[error("the in-process agent: {0}")]
     Agent(String),
+    #[error("cannot start the SQL engine: {0}")]
+    Query(String),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
 /// merged here, and only here — `.merge(sql::router(..))` before the fallbacks, which
 /// apply to the routes present when they are set — so every route answers unknown paths
 /// and methods in the contract's error shape.
-pub fn app(ingest: IngestState) -> Router {
-    apron_collector::http::router(ingest).method_not_allowed_fallback(method_not_allowed).fallback(not_found)
+pub fn app(ingest: IngestState, sql: Router) -> Router {
+    apron_collector::http::router(ingest).merge(sql).method_not_allowed_fallback(method_not_allowed).fallback(not_found)
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -90,6 +96,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 pub struct Server {
     store: Arc<Store>,
     ingest: IngestState,
+    sql: Router,
 }
 
 impl std::fmt::Debug for Server {
@@ -102,7 +109,12 @@ impl Server {
     /// Opens the store (finishing an interrupted persist and replaying the WAL, which
     /// blocks: call it from `spawn_blocking` or before the runtime) and builds the
     /// routes.
-    pub fn open(store: StoreConfig, ingest: IngestOptions) -> Result<Server, ServerError> {
+    pub fn open(
+        store: StoreConfig,
+        ingest: IngestOptions,
+        query: QueryConfig,
+        sql_auth: SqlAuth,
+    ) -> Result<Server, ServerError> {
         let store = Arc::new(Store::open(store).map_err(ServerError::Store)?);
         let r = store.open_report();
         if r.replayed_records > 0 || r.renames_completed > 0 || r.temp_files_removed > 0 {
@@ -115,7 +127,9 @@ impl Server {
             );
         }
         let ingest = IngestState::new(store.clone(), ingest, Registry::default())?;
-        Ok(Server { store, ingest })
+        let engine = QueryEngine::new(query, store.clone()).map_err(|e| ServerError::Query(e.to_string()))?;
+        let sql = sql::router(Arc::new(engine), sql_auth);
+        Ok(Server { store, ingest, sql })
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -131,9 +145,9 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
-        tracing::info!("serving http://{addr} (POST /api/v1/ingest, GET /metrics, GET /healthz)");
+        tracing::info!("serving http://{addr} (POST /api/v1/ingest, POST /api/v1/sql, GET /metrics, GET /healthz)");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let router = app(self.ingest.clone());
+        let router = app(self.ingest.clone(), self.sql.clone());
         let mut serving = tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use apron::up::{DEFAULT_DATA_DIR, DEFAULT_HTTP, Up, UpOptions};
-use apron::{FileConfig, Overrides, Server};
+use apron::{FileConfig, Overrides, Server, SqlAuth};
 use apron_agent::config::SourceKind;
 use clap::Parser;
 
@@ -37,6 +37,27 @@ enum Command {
         /// in `ps`.
         #[arg(long, env = "APRON_INGEST_TOKEN", hide_env_values = true)]
         ingest_token: Option<String>,
+        /// One more accepted SQL token (POST /api/v1/sql). Prefer the environment variable.
+        #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
+        sql_token: Option<String>,
+    },
+    /// One read-only SQL query, against a running server or straight on a data directory.
+    Sql {
+        /// The query, e.g. "SELECT count(*) FROM gpu_samples".
+        query: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutFormat::Table)]
+        format: OutFormat,
+        /// The server to ask (ignored with --data).
+        #[arg(long, env = "APRON_SERVER", default_value = "http://127.0.0.1:9402")]
+        server: String,
+        /// Query the Parquet files of this data directory instead of a server (rows
+        /// still in a running server's write-ahead log are not visible this way).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// SQL token for the server (`apron serve`; `apron up` needs none).
+        #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// All in one on this machine: the server and an agent on the local GPUs (or a
     /// simulated fleet), on loopback.
@@ -75,19 +96,28 @@ fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     match args.command {
-        Command::Serve { config, http, data, ingest_token } => {
+        Command::Sql { query, format, server, data, token } => {
+            rt.block_on(sql_command(query, format, server, data, token))
+        }
+        Command::Serve { config, http, data, ingest_token, sql_token } => {
             let file = match &config {
                 Some(path) => FileConfig::load(path)?,
                 None => FileConfig::default(),
             };
-            let config = file.resolve(Overrides { listen: http, data_dir: data, ingest_token })?;
+            let config = file.resolve(Overrides { listen: http, data_dir: data, ingest_token, sql_token })?;
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(config.listen)
                     .await
                     .with_context(|| format!("cannot listen on {}", config.listen))?;
                 let addr = listener.local_addr()?;
-                let (store, ingest) = (config.store, config.ingest);
-                let server = tokio::task::spawn_blocking(move || Server::open(store, ingest)).await??;
+                let (store, ingest, query) = (config.store, config.ingest, config.query);
+                let tokens: Vec<Box<[u8]>> =
+                    config.sql_tokens.iter().map(|t| t.as_bytes().to_vec().into_boxed_slice()).collect();
+                if tokens.is_empty() {
+                    tracing::warn!("no SQL token configured ([sql] tokens or APRON_SQL_TOKEN): POST /api/v1/sql refuses every request");
+                }
+                let auth = SqlAuth::Tokens(tokens.into());
+                let server = tokio::task::spawn_blocking(move || Server::open(store, ingest, query, auth)).await??;
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
                 println!("listening on {addr}");
@@ -105,6 +135,83 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// `apron sql`'s output formats.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OutFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+impl OutFormat {
+    fn format(self) -> apron_query::Format {
+        match self {
+            OutFormat::Table => apron_query::Format::Table,
+            OutFormat::Csv => apron_query::Format::Csv,
+            OutFormat::Json => apron_query::Format::Json,
+        }
+    }
+}
+
+async fn sql_command(
+    query: String,
+    format: OutFormat,
+    server: String,
+    data: Option<PathBuf>,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    let out = match data {
+        Some(dir) => {
+            let source = apron_query::DirectorySource::open(&dir)
+                .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
+            let engine =
+                apron_query::QueryEngine::new(apron_query::QueryConfig::default(), std::sync::Arc::new(source))?;
+            engine.execute(&query).await?.render(format.format())?
+        }
+        None => tokio::task::spawn_blocking(move || sql_over_http(&server, &query, format, token.as_deref())).await??,
+    };
+    use std::io::Write as _;
+    std::io::stdout().write_all(&out)?;
+    Ok(())
+}
+
+/// Runs the query on a server. CSV and JSON come rendered; the table is rendered here
+/// from the Arrow stream, so it looks the same as with `--data`.
+fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    let url = format!("{}/api/v1/sql", server.trim_end_matches('/'));
+    let wire = match format {
+        OutFormat::Table => apron_query::Format::ArrowStream,
+        other => other.format(),
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut req = agent.post(&url).header("Accept", wire.content_type());
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut resp =
+        req.send(query).with_context(|| format!("cannot reach {url}: is `apron up` or `apron serve` running?"))?;
+    let status = resp.status();
+    let body = resp.body_mut().read_to_vec().context("reading the answer")?;
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body);
+        let err: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+        let msg = err
+            .as_ref()
+            .and_then(|v| Some(format!("{} ({})", v.get("error")?.as_str()?, v.get("detail")?.as_str().unwrap_or(""))))
+            .unwrap_or_else(|| text.into_owned());
+        anyhow::bail!("the server answered {status}: {msg}");
+    }
+    match format {
+        OutFormat::Table => {
+            let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)?;
+            let schema = reader.schema();
+            let batches = reader.collect::<Result<Vec<_>, _>>()?;
+            Ok(apron_query::QueryResult { schema, batches }.render(apron_query::Format::Table)?)
+        }
+        _ => Ok(body),
+    }
+}
+
 fn print_up(up: &Up, pg: Option<&str>) {
     let e = up.endpoints();
     let c = up.source();
@@ -113,6 +220,10 @@ fn print_up(up: &Up, pg: Option<&str>) {
     println!("  metrics        {}", e.metrics);
     println!("  ingest         {}", e.ingest);
     println!("  agent metrics  {}", e.agent_metrics);
+    println!(
+        "  sql            POST {}/api/v1/sql   e.g. apron sql --server {} \"SELECT count(*) FROM gpu_samples\"",
+        e.http, e.http
+    );
     match (c.kind, &c.fallback_reason) {
         (SourceKind::Nvml, _) => println!("  GPU source     nvml: {} GPU(s) on this machine", c.gpus),
         (SourceKind::Sim, Some(why)) => {

@@ -102,9 +102,11 @@ impl Up {
         let token = random_token()?;
         let store_config = StoreConfig { data_dir: data_dir.clone(), ..StoreConfig::default() };
         let ingest = IngestOptions { tokens: vec![token.clone()], ..IngestOptions::default() };
-        let server = tokio::task::spawn_blocking(move || Server::open(store_config, ingest))
-            .await
-            .map_err(|e| ServerError::Task(e.to_string()))??;
+        let server = tokio::task::spawn_blocking(move || {
+            Server::open(store_config, ingest, apron_query::QueryConfig::default(), crate::SqlAuth::Loopback)
+        })
+        .await
+        .map_err(|e| ServerError::Task(e.to_string()))??;
 
         let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

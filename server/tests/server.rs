@@ -515,6 +515,29 @@ fn ingest_requires_the_token() {
     assert_eq!(c.rows.values().sum::<usize>(), 0);
 }
 
+#[test]
+fn sql_on_serve_needs_its_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let log = dir.path().join("apron.log");
+    // No SQL token configured: every SQL request is refused.
+    let server = ServerProc::start(&write_config(dir.path(), &data, "", ""), &[], &log);
+    let r = request(server.addr, "POST", "/api/v1/sql", &[], b"SELECT 1");
+    assert_eq!(r.status, 401, "{r:?}");
+    server.stop();
+    // With one: wrong or missing tokens 401, the right one answers.
+    let config = write_config(dir.path(), &data, "[sql]\ntokens = [\"sql-token-0123456789abcdef\"]", "");
+    let server = ServerProc::start(&config, &[], &log);
+    let r = request(server.addr, "POST", "/api/v1/sql", &[("authorization", "Bearer wrong")], b"SELECT 1");
+    assert_eq!(r.status, 401, "{r:?}");
+    let ok = [("authorization", "Bearer sql-token-0123456789abcdef"), ("accept", "text/csv")];
+    let r = request(server.addr, "POST", "/api/v1/sql", &ok, b"SELECT count(*) AS n FROM gpu_samples");
+    assert_eq!((r.status, r.body.trim()), (200, "n\n0"), "{r:?}");
+    let r = request(server.addr, "POST", "/api/v1/sql", &[ok[0], ("accept", "image/png")], b"SELECT 1");
+    assert_eq!(r.status, 406, "{r:?}");
+    server.stop();
+}
+
 /// (c) Missing or bad headers 400, malformed body 400, wrong schema 422, oversized body
 /// and too many rows 413 — each with a message, and nothing stored.
 #[test]
@@ -933,6 +956,44 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     };
     let first = rows(0.0);
     rows(first);
+
+    // SQL over live data: `apron sql` against the server sees the rows the agent
+    // shipped (memtable included), and the count grows.
+    let sql_count = || -> u64 {
+        let o = Command::new(APRON)
+            .args(["sql", "--format", "csv", "--server", endpoints["http"].as_str().expect("http")])
+            .arg("SELECT count(*) AS n FROM gpu_samples")
+            .env_remove("APRON_SQL_TOKEN")
+            .output()
+            .expect("apron sql runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("n"), "{text}");
+        lines.next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("a count: {text}"))
+    };
+    let n1 = sql_count();
+    assert!(n1 > 0);
+    poll("the SQL count to grow", Duration::from_secs(30), || (sql_count() > n1).then_some(()));
+    // JSON in the contract's shape, over HTTP.
+    let r = request(
+        http,
+        "POST",
+        "/api/v1/sql",
+        &[("accept", "application/json")],
+        b"SELECT gpu_uuid, time FROM gpu_samples ORDER BY time LIMIT 2",
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let j = r.json();
+    assert_eq!(j["columns"][0]["name"], "gpu_uuid", "{j}");
+    assert!(j["rows"][0][1].as_str().is_some_and(|t| t.ends_with('Z') && t.contains('T')), "RFC 3339 UTC: {j}");
+    // Read-only, refused on the plan with a clear error.
+    let r = request(http, "POST", "/api/v1/sql", &[], b"CREATE TABLE t AS SELECT 1");
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.json()["error"].as_str().is_some_and(|e| e.to_lowercase().contains("read-only")), "{r:?}");
+    let r = request(http, "POST", "/api/v1/sql", &[], b"SELEC nonsense");
+    assert_eq!(r.status, 400, "{r:?}");
+
     let printed = std::fs::read_to_string(&out).expect("stdout");
     assert!(printed.contains(endpoints["http"].as_str().expect("http")), "{printed}");
     assert!(printed.contains("sim") || printed.contains("nvml"), "{printed}");
