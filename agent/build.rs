@@ -5,8 +5,10 @@
 //! The generated file goes to `$OUT_DIR/podresources/v1.rs` (the proto package is `v1`,
 //! which is too generic a name to leave at the top of `OUT_DIR`).
 
+#[cfg(feature = "kubernetes")]
 use std::env;
 use std::error::Error;
+#[cfg(feature = "kubernetes")]
 use std::path::PathBuf;
 
 const PROTO: &str = "podresources/v1/api.proto";
@@ -14,10 +16,17 @@ const PROTO: &str = "podresources/v1/api.proto";
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=proto/{PROTO}");
-    if env::var_os("CARGO_FEATURE_KUBERNETES").is_none() {
-        return Ok(());
-    }
+    generate()
+}
 
+/// Without the feature the code generators are not even dependencies.
+#[cfg(not(feature = "kubernetes"))]
+fn generate() -> Result<(), Box<dyn Error>> {
+    Ok(())
+}
+
+#[cfg(feature = "kubernetes")]
+fn generate() -> Result<(), Box<dyn Error>> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let out_dir = PathBuf::from(env::var("OUT_DIR")?).join("podresources");
     std::fs::create_dir_all(&out_dir)?;

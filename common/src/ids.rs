@@ -158,8 +158,9 @@ impl UnixMicros {
     }
 }
 
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), UTC (Howard
+/// Hinnant's algorithm; exact for every day count a timestamp can reach).
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
