@@ -18,5 +18,11 @@ if ((${#need_apt[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+# The Parquet files must open unchanged in DuckDB and pyarrow (query/tests/query.rs).
+if ! python3 -c "import duckdb, pyarrow" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check "duckdb>=1.1" "pyarrow>=17"
+fi
+
 prometheus --version 2>&1 | head -1
+python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
 promtool --version 2>&1 | head -1

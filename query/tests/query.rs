@@ -438,3 +438,26 @@ async fn directory_source_reads_persisted_files_only() {
     assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 600);
     drop(dir);
 }
+
+/// The persisted files open unchanged in DuckDB and pyarrow, with the contract's column
+/// names and types (the checks are the Python scripts next to this file and in
+/// `collector/tests/`; `scripts/install-test-tools.sh` installs both libraries). A
+/// missing Python module fails the test: it never skips.
+#[test]
+fn parquet_files_open_in_duckdb_and_pyarrow() {
+    let (dir, store) = fixture();
+    store.persist_now().expect("persist");
+    let data = store.data_dir().to_path_buf();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for script in ["query/tests/duckdb_check.py", "collector/tests/read_parquet.py"] {
+        let out = std::process::Command::new("python3")
+            .arg(root.join(script))
+            .arg(&data)
+            .output()
+            .unwrap_or_else(|e| panic!("python3 is required ({e}): run scripts/install-test-tools.sh"));
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{script} failed (pip modules come from scripts/install-test-tools.sh):\n{text}");
+        assert!(text.contains("gpu_samples"), "{script}:\n{text}");
+    }
+    drop(dir);
+}
