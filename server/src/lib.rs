@@ -18,6 +18,7 @@
 //!
 //! The library reads no environment variables; `main.rs` does (clap), and prints.
 
+pub mod backfill;
 pub mod config;
 pub mod sql;
 pub mod up;

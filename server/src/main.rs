@@ -71,6 +71,9 @@ enum Command {
         /// PostgreSQL wire address (reserved: not served yet).
         #[arg(long, env = "APRON_PG")]
         pg: Option<String>,
+        /// On first start with the simulator, the history to generate (0s: none).
+        #[arg(long, env = "APRON_BACKFILL", default_value = "24h", value_parser = humantime::parse_duration)]
+        backfill: std::time::Duration,
     },
 }
 
@@ -125,8 +128,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         }
-        Command::Up { http, data, pg } => rt.block_on(async move {
-            let options = UpOptions { http, data_dir: data, pg: pg.clone(), hostname: machine_hostname() };
+        Command::Up { http, data, pg, backfill } => rt.block_on(async move {
+            let options = UpOptions { http, data_dir: data, pg: pg.clone(), hostname: machine_hostname(), backfill };
             let up = Up::start(options).await?;
             print_up(&up, pg.as_deref());
             up.run(shutdown_signal()).await?;

@@ -23,8 +23,10 @@ use apron_agent::AgentError;
 use apron_agent::config::{AgentConfig, FileConfig as AgentFile, Overrides as AgentOverrides, SourceKind};
 use apron_agent::source::GpuSource;
 use apron_agent::source::nvml::NvmlSourceError;
+use apron_agent::source::sim::SimSource;
 use apron_collector::http::IngestOptions;
 use apron_collector::{Store, StoreConfig};
+use apron_common::UnixMicros;
 use serde::Serialize;
 
 use crate::{Server, ServerError};
@@ -45,6 +47,9 @@ pub struct UpOptions {
     pub pg: Option<String>,
     /// The host name the agent reports for NVML GPUs (the simulator names its own).
     pub hostname: String,
+    /// On a new data directory with the simulator: how much history to generate first
+    /// (zero: none).
+    pub backfill: Duration,
 }
 
 /// The URLs `apron up` serves, as written to `endpoints.json`.
@@ -76,6 +81,7 @@ pub struct Up {
     endpoints: Endpoints,
     data_dir: PathBuf,
     first_start: bool,
+    backfill: Duration,
 }
 
 impl std::fmt::Debug for Up {
@@ -121,7 +127,18 @@ impl Up {
             agent_metrics: format!("http://{agent_addr}/metrics"),
             http,
         };
-        Ok(Up { server, listener, agent_listener, agent_config, source, choice, endpoints, data_dir, first_start })
+        Ok(Up {
+            server,
+            listener,
+            agent_listener,
+            agent_config,
+            source,
+            choice,
+            endpoints,
+            data_dir,
+            first_start,
+            backfill: options.backfill,
+        })
     }
 
     pub fn endpoints(&self) -> &Endpoints {
@@ -145,6 +162,19 @@ impl Up {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         if self.first_start {
             on_first_start(self.server.store(), &self.choice);
+            if self.choice.kind == SourceKind::Sim && !self.backfill.is_zero() {
+                let sim = SimSource::new(&self.agent_config.sim, self.agent_config.cluster.clone())
+                    .map_err(|e| ServerError::Agent(e.to_string()))?;
+                let (store, span, window) = (self.server.store().clone(), self.backfill, self.agent_config.window);
+                println!("  seeding        the last {} of simulated history…", humantime::format_duration(span));
+                let done = tokio::task::spawn_blocking(move || {
+                    crate::backfill::run(&store, &sim, UnixMicros::now(), span, window)
+                })
+                .await
+                .map_err(|e| ServerError::Task(e.to_string()))?
+                .map_err(|e| ServerError::Agent(e.to_string()))?;
+                println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes);
+            }
         }
         write_endpoints(&self.data_dir, &self.endpoints)?;
 
@@ -295,6 +325,7 @@ mod tests {
             data_dir: "/nonexistent".into(),
             pg: None,
             hostname: "h".into(),
+            backfill: Duration::ZERO,
         };
         let e = Up::start(o).await.expect_err("refused");
         assert!(e.to_string().contains("loopback"), "{e}");

@@ -922,7 +922,7 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     let out = dir.path().join("up.out");
     let log = dir.path().join("up.log");
     let mut child = Command::new(APRON)
-        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--data"])
+        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--backfill", "2m", "--data"])
         .arg(&data)
         .stdout(std::fs::File::create(&out).expect("stdout file"))
         .stderr(std::fs::File::create(&log).expect("log file"))
@@ -973,7 +973,8 @@ fn apron_up_serves_and_ingests_from_its_agent() {
         lines.next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("a count: {text}"))
     };
     let n1 = sql_count();
-    assert!(n1 > 0);
+    // The first start seeded 2 minutes of simulated history: 16 GPUs × 120 windows.
+    assert!(n1 >= 16 * 120, "backfill missing: {n1} rows");
     poll("the SQL count to grow", Duration::from_secs(30), || (sql_count() > n1).then_some(()));
     // JSON in the contract's shape, over HTTP.
     let r = request(
@@ -998,6 +999,7 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     assert!(printed.contains(endpoints["http"].as_str().expect("http")), "{printed}");
     assert!(printed.contains("sim") || printed.contains("nvml"), "{printed}");
     assert!(printed.contains("not served yet"), "--pg is reserved: {printed}");
+    assert!(printed.contains("seeded"), "first start seeds history: {printed}");
 
     signal(&child, 15);
     let status = poll("apron up exit", Duration::from_secs(30), || child.try_wait().ok().flatten());
