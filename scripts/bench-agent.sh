@@ -24,7 +24,7 @@
 #   PEER_VERSION=1.7.2 PEER_FAST_INTERVAL=0.25
 #   LATENCY_MODE=sleep   sleep | spin | none (how the fake spends [latency_us])
 #   CALLGRIND_SECONDS=20 (0 skips the callgrind run)
-#   SKIP_BUILD=0         1: use the binaries already in target/release
+#   REUSE_BUILD=0        1: reuse the release binaries already built (no cargo build)
 set -euo pipefail
 
 DURATION=${DURATION:-60}
@@ -37,7 +37,7 @@ PEER_VERSION=${PEER_VERSION:-1.7.2}
 PEER_FAST_INTERVAL=${PEER_FAST_INTERVAL:-0.25}
 LATENCY_MODE=${LATENCY_MODE:-sleep}
 CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-20}
-SKIP_BUILD=${SKIP_BUILD:-0}
+REUSE_BUILD=${REUSE_BUILD:-0}
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -52,7 +52,7 @@ clk_tck=$(getconf CLK_TCK)
 log() { printf '[bench-agent] %s\n' "$*" >&2; }
 
 # ---------------------------------------------------------------- 1. prerequisites
-if [ "$SKIP_BUILD" != 1 ]; then
+if [ "$REUSE_BUILD" != 1 ]; then
     log "building release apron-agent and apron-fake-nvml"
     cargo build --release -p apron-agent -p apron-fake-nvml
 fi
