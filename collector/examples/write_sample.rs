@@ -16,19 +16,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::args().nth(1).ok_or("usage: write_sample DATA_DIR")?;
     let store = Store::open(StoreConfig { data_dir: dir.into(), ..StoreConfig::default() })?;
     let t0 = 1_795_000_000_000_000; // 2026-11-18T11:06:40Z
-    let gpu = |g: usize| GpuIdentity {
-        cluster: None,
-        host: HostName::new(format!("node-{}", g / 4)).expect("valid host"),
-        gpu_uuid: GpuUuid::new(format!("GPU-{g:04}")).expect("valid uuid"),
-        gpu_index: (g % 4) as u32,
-        gpu_model: "NVIDIA H100 80GB HBM3".into(),
-        pci_bus_id: String::new(),
-        minor_number: None,
-        parent_gpu_uuid: None,
-        mig_profile: None,
-        mig_gpu_instance_id: None,
+    let gpu = |g: usize| {
+        GpuIdentity::gpu(
+            HostName::new(format!("node-{}", g / 4)).expect("valid host"),
+            GpuUuid::new(format!("GPU-{g:04}")).expect("valid uuid"),
+            (g % 4) as u32,
+            "NVIDIA H100 80GB HBM3",
+        )
     };
-    let one = |v: f64| Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v });
+    let one = |v: f64| Some(FieldStats::single(v));
     for batch in 0..6i64 {
         let mut rows = Vec::new();
         for s in 0..10 {

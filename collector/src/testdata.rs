@@ -7,25 +7,19 @@ use apron_common::{Field, FieldStats, GpuIdentity, GpuUuid, GpuWindow, HostName,
 use arrow_array::RecordBatch;
 
 fn stats(v: f64) -> Option<FieldStats> {
-    Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v })
+    Some(FieldStats::single(v))
 }
 
 /// 2026-11-19T00:00:00Z, µs.
 pub const MIDNIGHT: i64 = 20_776 * 86_400_000_000;
 
 pub fn identity(g: usize) -> GpuIdentity {
-    GpuIdentity {
-        cluster: None,
-        host: HostName::new(format!("node-{}", g / 8)).expect("host"),
-        gpu_uuid: GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
-        gpu_index: (g % 8) as u32,
-        gpu_model: "NVIDIA H100 80GB HBM3".into(),
-        pci_bus_id: String::new(),
-        minor_number: None,
-        parent_gpu_uuid: None,
-        mig_profile: None,
-        mig_gpu_instance_id: None,
-    }
+    GpuIdentity::gpu(
+        HostName::new(format!("node-{}", g / 8)).expect("host"),
+        GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
+        (g % 8) as u32,
+        "NVIDIA H100 80GB HBM3",
+    )
 }
 
 /// The gpu_util value of GPU `g` at second `s` (exact at 1e-4).

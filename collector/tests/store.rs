@@ -38,22 +38,16 @@ fn config(dir: &Path) -> StoreConfig {
 }
 
 fn identity(g: usize) -> GpuIdentity {
-    GpuIdentity {
-        cluster: None,
-        host: HostName::new(format!("node-{}", g / 2)).expect("host"),
-        gpu_uuid: GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
-        gpu_index: (g % 2) as u32,
-        gpu_model: "NVIDIA A100-SXM4-80GB".into(),
-        pci_bus_id: String::new(),
-        minor_number: None,
-        parent_gpu_uuid: None,
-        mig_profile: None,
-        mig_gpu_instance_id: None,
-    }
+    GpuIdentity::gpu(
+        HostName::new(format!("node-{}", g / 2)).expect("host"),
+        GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
+        (g % 2) as u32,
+        "NVIDIA A100-SXM4-80GB",
+    )
 }
 
 fn one(v: f64) -> Option<FieldStats> {
-    Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v })
+    Some(FieldStats::single(v))
 }
 
 /// Batch number `n`: GPUS × SECS windows, times unique per `n`.

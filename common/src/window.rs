@@ -31,6 +31,23 @@ pub struct GpuIdentity {
 }
 
 impl GpuIdentity {
+    /// A whole GPU (no MIG) known only by host, UUID, index and model; the other
+    /// identity fields empty.
+    pub fn gpu(host: HostName, gpu_uuid: GpuUuid, gpu_index: u32, gpu_model: impl Into<String>) -> Self {
+        Self {
+            cluster: None,
+            host,
+            gpu_uuid,
+            gpu_index,
+            gpu_model: gpu_model.into(),
+            pci_bus_id: String::new(),
+            minor_number: None,
+            parent_gpu_uuid: None,
+            mig_profile: None,
+            mig_gpu_instance_id: None,
+        }
+    }
+
     pub fn is_mig(&self) -> bool {
         self.parent_gpu_uuid.is_some()
     }
@@ -47,6 +64,11 @@ pub struct FieldStats {
 }
 
 impl FieldStats {
+    /// A window with exactly one reading.
+    pub fn single(v: f64) -> Self {
+        Self { count: 1, mean: v, min: v, max: v, last: v }
+    }
+
     /// The value a `gpu_samples` column holds: the mean for measurements, the last
     /// reading for counters and states.
     pub fn value(&self, field: Field) -> f64 {

@@ -294,18 +294,12 @@ mod tests {
     use crate::{FieldStats, GpuIdentity, GpuUuid, HostName, UnixMicros};
 
     fn window() -> GpuWindow {
-        let gpu = GpuIdentity {
-            cluster: None,
-            host: HostName::new("n1").expect("valid"),
-            gpu_uuid: GpuUuid::new("GPU-1").expect("valid"),
-            gpu_index: 3,
-            gpu_model: "NVIDIA H100 80GB HBM3".into(),
-            pci_bus_id: String::new(),
-            minor_number: None,
-            parent_gpu_uuid: None,
-            mig_profile: None,
-            mig_gpu_instance_id: None,
-        };
+        let gpu = GpuIdentity::gpu(
+            HostName::new("n1").expect("valid"),
+            GpuUuid::new("GPU-1").expect("valid"),
+            3,
+            "NVIDIA H100 80GB HBM3",
+        );
         let mut w = GpuWindow::new(UnixMicros(1_000_000), Duration::from_secs(1), gpu);
         w.fields[Field::GpuUtil.index()] = Some(FieldStats { count: 6, mean: 0.5, min: 0.0, max: 1.0, last: 1.0 });
         w.fields[Field::FbUsedBytes.index()] =

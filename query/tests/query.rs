@@ -17,18 +17,12 @@ const DAY: i64 = 86_400_000_000;
 const GPUS: usize = 4;
 
 fn identity(g: usize) -> GpuIdentity {
-    GpuIdentity {
-        cluster: None,
-        host: HostName::new(format!("node-{}", g / 2)).expect("host"),
-        gpu_uuid: GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
-        gpu_index: (g % 2) as u32,
-        gpu_model: "NVIDIA H100 80GB HBM3".into(),
-        pci_bus_id: String::new(),
-        minor_number: None,
-        parent_gpu_uuid: None,
-        mig_profile: None,
-        mig_gpu_instance_id: None,
-    }
+    GpuIdentity::gpu(
+        HostName::new(format!("node-{}", g / 2)).expect("host"),
+        GpuUuid::new(format!("GPU-{g:04}")).expect("uuid"),
+        (g % 2) as u32,
+        "NVIDIA H100 80GB HBM3",
+    )
 }
 
 /// gpu_util of GPU `g` at second `s` (exact at 1e-4).
@@ -37,7 +31,7 @@ fn util(g: usize, s: i64) -> f64 {
 }
 
 fn stats(v: f64) -> Option<FieldStats> {
-    Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v })
+    Some(FieldStats::single(v))
 }
 
 /// `GPUS` × `secs` windows ending at `start_us + s`, time-major (as an agent sends them).

@@ -170,18 +170,12 @@ fn metric(text: &str, name: &str, filter: &str) -> Option<f64> {
 // ───────────────────────────── batches ─────────────────────────────
 
 fn identity(uuid: &str) -> GpuIdentity {
-    GpuIdentity {
-        cluster: None,
-        host: HostName::new("test-host").expect("host"),
-        gpu_uuid: GpuUuid::new(uuid).expect("uuid"),
-        gpu_index: 0,
-        gpu_model: "NVIDIA H100 80GB HBM3".into(),
-        pci_bus_id: String::new(),
-        minor_number: None,
-        parent_gpu_uuid: None,
-        mig_profile: None,
-        mig_gpu_instance_id: None,
-    }
+    GpuIdentity::gpu(
+        HostName::new("test-host").expect("host"),
+        GpuUuid::new(uuid).expect("uuid"),
+        0,
+        "NVIDIA H100 80GB HBM3",
+    )
 }
 
 /// A `gpu_samples` batch with one row per `(uuid, time)` marker.
@@ -191,7 +185,7 @@ fn samples(markers: &[(String, i64)]) -> RecordBatch {
         .map(|(uuid, t)| {
             let mut w = GpuWindow::new(UnixMicros(*t), Duration::from_secs(1), identity(uuid));
             let v = (*t % 10_000) as f64 / 10_000.0;
-            w.fields[Field::GpuUtil.index()] = Some(FieldStats { count: 1, mean: v, min: v, max: v, last: v });
+            w.fields[Field::GpuUtil.index()] = Some(FieldStats::single(v));
             w
         })
         .collect();

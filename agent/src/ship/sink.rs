@@ -178,18 +178,7 @@ pub(crate) mod tests {
     }
 
     fn window(i: i64) -> GpuWindow {
-        let gpu = GpuIdentity {
-            cluster: None,
-            host: HostName::new("n1").expect("valid"),
-            gpu_uuid: GpuUuid::new("GPU-1").expect("valid"),
-            gpu_index: 0,
-            gpu_model: "m".into(),
-            pci_bus_id: String::new(),
-            minor_number: None,
-            parent_gpu_uuid: None,
-            mig_profile: None,
-            mig_gpu_instance_id: None,
-        };
+        let gpu = GpuIdentity::gpu(HostName::new("n1").expect("valid"), GpuUuid::new("GPU-1").expect("valid"), 0, "m");
         GpuWindow::new(UnixMicros(i * 1_000_000), Duration::from_secs(1), gpu)
     }
 
