@@ -30,6 +30,28 @@ pub struct StoreConfig {
     pub dedup_retention: Duration,
     /// Rows per Parquet row group.
     pub row_group_rows: usize,
+    /// How often compaction, retention and the deletion of superseded files run.
+    #[serde(deserialize_with = "humantime_duration")]
+    pub maintenance_interval: Duration,
+    /// A finished day's partition is merged into one file this long after the day ends
+    /// (late batches of the day usually are in by then; later ones cause another merge).
+    #[serde(deserialize_with = "humantime_duration")]
+    pub compaction_delay: Duration,
+    /// A partition with more files than this is merged even before its day is over.
+    pub compaction_max_files: usize,
+    /// Rows a merge holds in memory at once (it works through GPU ranges of this size).
+    pub compaction_memory_rows: usize,
+    /// Merged inputs stay on disk (hidden from listings) this long, so queries planned
+    /// before the merge can still read them.
+    #[serde(deserialize_with = "humantime_duration")]
+    pub superseded_grace: Duration,
+    /// Raw tables (`gpu_samples`, `gpu_processes`): partitions whose day ended longer ago
+    /// are deleted.
+    #[serde(deserialize_with = "humantime_duration")]
+    pub retention_raw: Duration,
+    /// Derived tables (`gpu_samples_1m`, `allocations`, `gpu_cost_hourly`).
+    #[serde(deserialize_with = "humantime_duration")]
+    pub retention_derived: Duration,
 }
 
 impl Default for StoreConfig {
@@ -43,6 +65,13 @@ impl Default for StoreConfig {
             max_batch_bytes: 512 << 20,
             dedup_retention: Duration::from_secs(7 * 86_400),
             row_group_rows: 100_000,
+            maintenance_interval: Duration::from_secs(60),
+            compaction_delay: Duration::from_secs(3600),
+            compaction_max_files: 48,
+            compaction_memory_rows: 2_000_000,
+            superseded_grace: Duration::from_secs(300),
+            retention_raw: Duration::from_secs(30 * 86_400),
+            retention_derived: Duration::from_secs(400 * 86_400),
         }
     }
 }
@@ -63,6 +92,8 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("/d"));
         assert_eq!(c.wal_segment_bytes, 64 << 20);
         assert_eq!(c.dedup_retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.retention_raw, Duration::from_secs(30 * 86_400));
+        assert_eq!(c.retention_derived, Duration::from_secs(400 * 86_400));
         let err = serde_json::from_str::<StoreConfig>(r#"{"persist_intervall": "30s"}"#).expect_err("unknown");
         assert!(err.to_string().contains("unknown field"), "{err}");
         assert!(serde_json::from_str::<StoreConfig>(r#"{"persist_interval": "soon"}"#).is_err());

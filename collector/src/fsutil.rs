@@ -61,6 +61,9 @@ pub fn day_of_micros(t: i64) -> i64 {
     t.div_euclid(MICROS_PER_DAY)
 }
 
+/// The day number of a `YYYY-MM-DD` partition date; `None` when it is not one.
+pub use apron_common::parse_date as parse_day;
+
 /// `YYYY-MM-DD` of a day number.
 pub fn date_string(day: i64) -> String {
     let (y, m, d) = civil_from_days(day);

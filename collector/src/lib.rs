@@ -36,6 +36,7 @@
 //! `<table>/date=YYYY-MM-DD/<uuid>.parquet`. See `README.md` for the formats.
 
 pub mod checkpoint;
+pub mod compact;
 pub mod config;
 pub mod dedup;
 pub mod error;
@@ -56,4 +57,6 @@ pub use config::StoreConfig;
 pub use error::{IngestError, StoreError};
 pub use memtable::TableStats;
 pub use persist::PersistedFile;
-pub use store::{IngestOutcome, IngestRequest, OpenReport, PersistReport, Store, TableView};
+pub use store::{
+    Compacted, IngestOutcome, IngestRequest, MaintenanceReport, OpenReport, PersistReport, Store, TableView,
+};

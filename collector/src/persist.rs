@@ -269,14 +269,16 @@ pub fn publish(renames: &[(PathBuf, PathBuf)]) -> Result<(), PersistError> {
 }
 
 /// The published files of `table`, in path order (partition, then creation time).
+/// Inputs of a committed compaction are left out: their rows are in its output.
 pub fn list_files(data_dir: &Path, table: Table) -> Result<Vec<PersistedFile>, PersistError> {
     let mut out = Vec::new();
     for (date, dir) in partitions(data_dir, table)? {
+        let superseded = crate::compact::read_journal(&dir)?.map(|j| j.inputs).unwrap_or_default();
         for entry in fs::read_dir(&dir).map_err(|e| PersistError::io("list", &dir, e))? {
             let entry = entry.map_err(|e| PersistError::io("list", &dir, e))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') || !name.ends_with(".parquet") {
+            if name.starts_with('.') || !name.ends_with(".parquet") || superseded.iter().any(|s| *s == name) {
                 continue;
             }
             let bytes = entry.metadata().map_err(|e| PersistError::io("stat", &entry.path(), e))?.len();
@@ -306,7 +308,7 @@ pub fn remove_temp_files(data_dir: &Path, table: Table) -> Result<usize, Persist
 }
 
 /// `(date, dir)` of each `date=YYYY-MM-DD` partition of `table`.
-fn partitions(data_dir: &Path, table: Table) -> Result<Vec<(String, PathBuf)>, PersistError> {
+pub(crate) fn partitions(data_dir: &Path, table: Table) -> Result<Vec<(String, PathBuf)>, PersistError> {
     let root = table_dir(data_dir, table);
     let entries = match fs::read_dir(&root) {
         Ok(e) => e,

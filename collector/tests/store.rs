@@ -32,6 +32,7 @@ fn config(dir: &Path) -> StoreConfig {
         data_dir: dir.to_path_buf(),
         // Tests persist explicitly; the background timer must not interfere.
         persist_interval: Duration::from_secs(3600),
+        maintenance_interval: Duration::from_secs(3600),
         wal_segment_bytes: 64 << 10,
         ..StoreConfig::default()
     }
@@ -155,6 +156,57 @@ fn ingest_persist_reopen_keeps_every_row_exactly_once() {
     assert_eq!(store.open_report().replayed_records, 0);
     assert_eq!(rows(&store, Table::GpuSamples), expected(0..13));
     assert_eq!(list_segments(&dir.path().join("wal")).expect("list").len(), 0, "persisted segments are gone");
+}
+
+/// The UTC end of T0's day, µs.
+const T0_DAY_END: i64 = (T0 / 86_400_000_000 + 1) * 86_400_000_000;
+
+#[test]
+fn compaction_merges_persists_and_retention_drops_old_days() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = StoreConfig { superseded_grace: Duration::from_secs(3600), ..config(dir.path()) };
+    let store = Store::open(cfg.clone()).expect("open");
+    for n in 0..6 {
+        ingest(&store, "a", n as u64, &samples(n, 0.5)).expect("ingest");
+        store.persist_now().expect("persist");
+    }
+    let inputs = store.persisted_files(Table::GpuSamples);
+    assert_eq!(inputs.len(), 6, "one file per persist");
+    assert!(store.maintain_at(T0_DAY_END).compacted.is_empty(), "the day just ended: within the delay");
+
+    let report = store.maintain_at(T0_DAY_END + 3_600_000_000);
+    assert_eq!(report.errors, Vec::<String>::new());
+    assert_eq!(report.compacted.len(), 1);
+    let c = &report.compacted[0];
+    assert_eq!((c.inputs, c.rows), (6, 6 * GPUS * SECS as usize));
+    assert!(c.bytes_after < c.bytes_before, "one file is smaller than six: {c:?}");
+    assert_eq!(store.persisted_files(Table::GpuSamples).len(), 1);
+    assert_eq!(rows(&store, Table::GpuSamples), expected(0..6), "every row once");
+    assert!(inputs.iter().all(|f| f.path.exists()), "inputs kept through their grace");
+
+    // A restart within the grace finishes the compaction: inputs gone, rows once.
+    drop(store);
+    let store = Store::open(cfg).expect("reopen");
+    assert_eq!(store.open_report().compactions_finished, 1);
+    assert!(inputs.iter().all(|f| !f.path.exists()));
+    assert_eq!(rows(&store, Table::GpuSamples), expected(0..6));
+
+    // Late data for the compacted day: a new small file, merged again next pass.
+    ingest(&store, "a", 6, &samples(6, 0.5)).expect("ingest");
+    store.persist_now().expect("persist");
+    assert_eq!(store.persisted_files(Table::GpuSamples).len(), 2);
+    let report = store.maintain_at(T0_DAY_END + 7_200_000_000);
+    assert_eq!(report.compacted.len(), 1);
+    assert_eq!(rows(&store, Table::GpuSamples), expected(0..7));
+
+    // Retention: 30 days after the day's end the partition goes (tables are raw).
+    let thirty_days = 30 * 86_400_000_000;
+    assert!(store.maintain_at(T0_DAY_END + thirty_days - 1).expired.is_empty());
+    let report = store.maintain_at(T0_DAY_END + thirty_days);
+    assert_eq!(report.expired.len(), 1, "{report:?}");
+    assert!(store.persisted_files(Table::GpuSamples).is_empty());
+    assert!(rows(&store, Table::GpuSamples).is_empty());
+    assert!(!dir.path().join("gpu_samples").join("date=2026-11-18").exists());
 }
 
 #[test]

@@ -173,9 +173,49 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Howard Hinnant's `days_from_civil`: (year, month, day) to days since 1970-01-01.
+pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A `YYYY-MM-DD` date (a partition name, a report day) to days since 1970-01-01;
+/// `None` when it is malformed or not a real date (`2026-02-31`).
+pub fn parse_date(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let num =
+        |r: std::ops::Range<usize>| s.get(r).filter(|p| p.bytes().all(|c| c.is_ascii_digit()))?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let day = days_from_civil(y, m, d);
+    (civil_from_days(day) == (y, m as u32, d as u32)).then_some(day)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_round_trip() {
+        assert_eq!(parse_date("1970-01-01"), Some(0));
+        assert_eq!(parse_date("2026-11-19"), Some(20_776));
+        assert_eq!(parse_date("2000-03-01"), Some(11_017));
+        assert_eq!(parse_date("2000-02-29"), Some(11_016));
+        for bad in ["2026-13-01", "2026-1-01", "20261-01-0", "2026-02-31", "2026-02-+1", ""] {
+            assert_eq!(parse_date(bad), None, "{bad}");
+        }
+        for day in [-800_000, -1, 0, 20_780, 2_000_000] {
+            let (y, m, d) = civil_from_days(day);
+            assert_eq!(days_from_civil(y, i64::from(m), i64::from(d)), day);
+        }
+    }
 
     #[test]
     fn ids_reject_empty_and_control() {

@@ -24,5 +24,5 @@ pub mod window;
 pub mod wire;
 
 pub use field::{Aggregation, Field, FieldKind};
-pub use ids::{ClusterName, GpuUuid, HostName, UnixMicros, civil_from_days};
+pub use ids::{ClusterName, GpuUuid, HostName, UnixMicros, civil_from_days, days_from_civil, parse_date};
 pub use window::{FieldStats, GpuIdentity, GpuWindow, ProcessRow};

@@ -113,44 +113,11 @@ impl TableSource for DirectorySource {
     }
 }
 
-/// `YYYY-MM-DD` → days since 1970-01-01 (proleptic Gregorian), `None` if malformed.
-pub fn parse_date(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-        return None;
-    }
-    Some(days_from_civil(y, m, d))
-}
-
-/// Howard Hinnant's `days_from_civil`.
-pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+pub use apron_common::parse_date;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dates() {
-        assert_eq!(parse_date("1970-01-01"), Some(0));
-        assert_eq!(parse_date("2026-11-19"), Some(20_776));
-        assert_eq!(parse_date("2000-03-01"), Some(11_017));
-        assert_eq!(parse_date("2026-13-01"), None);
-        assert_eq!(parse_date("2026-1-01"), None);
-        assert_eq!(parse_date("20261-01-0"), None);
-    }
 
     #[test]
     fn directory_source_refuses_missing_dir_and_lists_nothing_in_empty_one() {

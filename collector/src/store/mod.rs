@@ -12,6 +12,7 @@
 
 mod flush;
 mod lock;
+mod maintain;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ use crate::schema::{storage_schema, to_storage};
 use crate::wal::{Replay, ReplayReport, StdIo, Wal, WalIo, WalOptions, WalRecord};
 
 pub use flush::PersistReport;
+pub use maintain::{Compacted, MaintenanceReport};
 
 /// Longest agent id and epoch accepted (both are stored in every WAL record and in
 /// the checkpoint).
@@ -70,8 +72,10 @@ pub struct OpenReport {
     pub replayed_duplicates: u64,
     /// Renames of a committed persist that a crash interrupted, completed now.
     pub renames_completed: usize,
-    /// Temp files of an uncommitted persist, removed.
+    /// Temp files of an uncommitted persist or compaction, removed.
     pub temp_files_removed: usize,
+    /// Committed compactions a crash interrupted, finished now.
+    pub compactions_finished: usize,
 }
 
 /// A consistent view of one table for the query layer: batches still in memory and the
@@ -104,6 +108,9 @@ struct Inner {
     state: Mutex<State>,
     dedup: Mutex<Dedup>,
     persist_lock: Mutex<()>,
+    maintain_lock: Mutex<()>,
+    /// Committed compactions whose inputs are in their grace period.
+    pending: Mutex<Vec<maintain::Pending>>,
     signal: Mutex<Signal>,
     wake: Condvar,
     _lock: lock::DirLock,
@@ -113,7 +120,7 @@ struct Inner {
 pub struct Store {
     inner: Arc<Inner>,
     report: OpenReport,
-    persister: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -155,6 +162,8 @@ impl Store {
         let renames = absolute(&data, &checkpoint.publish);
         report.renames_completed = renames.iter().filter(|(from, _)| from.exists()).count();
         persist::publish(&renames)?;
+        // Before temp files go: a committed compaction's output may still be one.
+        report.compactions_finished = maintain::recover(&data)?;
         for t in TABLES {
             report.temp_files_removed += persist::remove_temp_files(&data, t)?;
         }
@@ -211,16 +220,17 @@ impl Store {
             state: Mutex::new(State { active, frozen: None, files }),
             dedup: Mutex::new(dedup),
             persist_lock: Mutex::new(()),
+            maintain_lock: Mutex::new(()),
+            pending: Mutex::new(Vec::new()),
             signal: Mutex::new(Signal::default()),
             wake: Condvar::new(),
             _lock: dir_lock,
         });
-        let persister = flush::spawn_background(inner.clone()).map_err(|source| StoreError::Io {
-            op: "spawn persister thread",
-            path: data,
-            source,
-        })?;
-        Ok(Store { inner, report, persister: Some(persister) })
+        let spawn_error = |source| StoreError::Io { op: "spawn a background thread", path: data.clone(), source };
+        let mut store = Store { inner: inner.clone(), report, threads: Vec::new() };
+        store.threads.push(flush::spawn_background(inner.clone()).map_err(spawn_error)?);
+        store.threads.push(maintain::spawn_background(inner).map_err(spawn_error)?);
+        Ok(store)
     }
 
     /// What start-up replayed and repaired.
@@ -241,6 +251,18 @@ impl Store {
     /// Persists everything in memory now (and a frozen memtable a failed attempt left).
     pub fn persist_now(&self) -> Result<PersistReport, StoreError> {
         self.inner.persist()
+    }
+
+    /// Runs one maintenance pass now (superseded files past their grace, retention,
+    /// compaction), as the background thread does every `maintenance_interval`.
+    pub fn maintain_now(&self) -> MaintenanceReport {
+        self.inner.maintain(now_us(), std::time::Instant::now())
+    }
+
+    /// [`Store::maintain_now`] as if the wall clock read `now_us` (retention and which
+    /// days are finished depend on it).
+    pub fn maintain_at(&self, now_us: i64) -> MaintenanceReport {
+        self.inner.maintain(now_us, std::time::Instant::now())
     }
 
     /// Batches in memory for `table` (storage schema), oldest first.
@@ -290,7 +312,7 @@ impl Drop for Store {
         // comes back at the next open. (A clean shutdown may call persist_now first.)
         lock(&self.inner.signal).shutdown = true;
         self.inner.wake.notify_all();
-        if let Some(t) = self.persister.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }

@@ -1,0 +1,355 @@
+//! Compaction and retention: the small files that persists leave in a day partition
+//! become one sorted file per day, and partitions past their retention go.
+//!
+//! A persist every 10 minutes leaves ~144 files per table per day; readers pay per file
+//! (footers, row groups too small for the page index to pay off). Once a day is over
+//! (plus `compaction_delay`, so late batches of the day are usually in) — or sooner when
+//! a partition holds more than `compaction_max_files` — its files are merged into one.
+//!
+//! Memory stays bounded whatever the day's size: the merge first counts rows per GPU
+//! (reading only `gpu_uuid`), then handles contiguous GPU ranges of at most
+//! `max_rows_in_memory` rows at a time, reading from each input only the row groups
+//! whose `gpu_uuid` statistics overlap the range. Inputs are sorted by (`gpu_uuid`,
+//! `time`), so the ranges come out in order and the output is sorted too.
+//!
+//! Crash safety (local directory): the output is written as a hidden temp file and
+//! fsynced; then a journal `<partition>/.compaction.json` naming the inputs and the
+//! output is written atomically — the commit point — and the output renamed into
+//! place. From the commit on, [`list_files`](crate::persist::list_files) hides the
+//! inputs (so `apron sql --data` never counts a row twice) while they stay on disk for
+//! `superseded_grace`, letting queries that planned before the swap finish; then they
+//! and the journal are deleted. A crash before the commit leaves an orphan temp file
+//! (removed at start-up); after it, start-up finishes the rename and the deletions.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use apron_common::wire::Table;
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, BooleanArray, RecordBatch, StringArray};
+use arrow_ord::sort::{SortColumn, lexsort_to_indices};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::metadata::RowGroupMetaData;
+use parquet::file::statistics::Statistics;
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil::{self, MICROS_PER_DAY};
+use crate::persist::{PersistError, PersistOptions, PersistedFile, StagedFile, table_dir, writer_properties};
+use crate::schema::storage_schema;
+
+/// The journal of a committed compaction, inside its partition directory.
+pub const JOURNAL: &str = ".compaction.json";
+
+/// A partition to merge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub table: Table,
+    pub date: String,
+    pub inputs: Vec<PersistedFile>,
+}
+
+/// The record that makes a compaction happen or not: file names within the partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Journal {
+    pub inputs: Vec<String>,
+    pub output_tmp: String,
+    pub output: String,
+}
+
+/// When a partition is due.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// A finished day is compacted this long after its end (µs).
+    pub delay_us: i64,
+    /// A partition (finished or not) with more files than this is compacted.
+    pub max_files: usize,
+}
+
+/// The partitions of `files` that are due at `now_us`, oldest first.
+pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
+    let mut by_partition: BTreeMap<(&str, &str), Vec<PersistedFile>> = BTreeMap::new();
+    for f in files {
+        by_partition.entry((f.table.name(), f.date.as_str())).or_default().push(f.clone());
+    }
+    by_partition
+        .into_iter()
+        .filter_map(|((_, date), inputs)| {
+            let day_end = fsutil::parse_day(date)?.checked_add(1)?.checked_mul(MICROS_PER_DAY)?;
+            let finished = day_end.saturating_add(policy.delay_us) <= now_us;
+            let due = inputs.len() >= 2 && (finished || inputs.len() > policy.max_files);
+            due.then(|| Plan { table: inputs[0].table, date: date.to_owned(), inputs })
+        })
+        .collect()
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PersistError + 'a {
+    move |source| PersistError::Io { op, path: path.to_path_buf(), source }
+}
+
+fn open_reader(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, PersistError> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    Ok(ParquetRecordBatchReaderBuilder::try_new(file)?)
+}
+
+/// Rows per GPU over all `inputs`, reading only the `gpu_uuid` column.
+fn rows_per_gpu(inputs: &[PersistedFile]) -> Result<BTreeMap<String, usize>, PersistError> {
+    let mut counts = BTreeMap::new();
+    for f in inputs {
+        let builder = open_reader(&f.path)?;
+        let index = builder.schema().index_of("gpu_uuid")?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
+        for batch in builder.with_projection(mask).build()? {
+            let batch = batch?;
+            let uuids = string_column(&batch, 0)?;
+            for i in 0..uuids.len() {
+                *counts.entry(uuids.value(i).to_owned()).or_insert(0) += 1;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+fn string_column(batch: &RecordBatch, i: usize) -> Result<&StringArray, PersistError> {
+    batch.column(i).as_string_opt::<i32>().ok_or_else(|| {
+        PersistError::Arrow(arrow_schema::ArrowError::SchemaError("gpu_uuid is not a Utf8 column".into()))
+    })
+}
+
+/// Contiguous ranges `[lo, hi]` of GPU UUIDs, each with at most `max_rows` rows (a single
+/// GPU with more rows is a range of its own).
+fn gpu_ranges(counts: &BTreeMap<String, usize>, max_rows: usize) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut current: Option<(String, String, usize)> = None;
+    for (uuid, &n) in counts {
+        current = match current.take() {
+            Some((lo, _, rows)) if rows + n <= max_rows => Some((lo, uuid.clone(), rows + n)),
+            Some((lo, hi, _)) => {
+                out.push((lo, hi));
+                Some((uuid.clone(), uuid.clone(), n))
+            }
+            None => Some((uuid.clone(), uuid.clone(), n)),
+        };
+    }
+    out.extend(current.map(|(lo, hi, _)| (lo, hi)));
+    out
+}
+
+/// Whether a row group may hold a GPU UUID in `[lo, hi]` (true when it has no statistics).
+fn may_overlap(rg: &RowGroupMetaData, column: usize, lo: &str, hi: &str) -> bool {
+    let Some(Statistics::ByteArray(s)) = rg.column(column).statistics() else { return true };
+    let (Some(min), Some(max)) = (s.min_opt(), s.max_opt()) else { return true };
+    match (min.as_utf8(), max.as_utf8()) {
+        (Ok(min), Ok(max)) => min <= hi && max >= lo,
+        _ => true,
+    }
+}
+
+/// The rows of `path` whose GPU UUID is in `[lo, hi]`.
+fn read_range(path: &Path, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, PersistError> {
+    let builder = open_reader(path)?;
+    let leaf = builder
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.path().string() == "gpu_uuid")
+        .ok_or_else(|| PersistError::Arrow(arrow_schema::ArrowError::SchemaError("no gpu_uuid column".into())))?;
+    let groups: Vec<usize> = (0..builder.metadata().num_row_groups())
+        .filter(|&i| may_overlap(builder.metadata().row_group(i), leaf, lo, hi))
+        .collect();
+    if groups.is_empty() {
+        return Ok(Vec::new());
+    }
+    let uuid_index = builder.schema().index_of("gpu_uuid")?;
+    let mut out = Vec::new();
+    for batch in builder.with_row_groups(groups).build()? {
+        let batch = batch?;
+        let uuids = string_column(&batch, uuid_index)?;
+        let keep: BooleanArray = uuids.iter().map(|u| Some(u.is_some_and(|u| lo <= u && u <= hi))).collect();
+        let kept = arrow_select::filter::filter_record_batch(&batch, &keep)?;
+        if kept.num_rows() > 0 {
+            out.push(kept);
+        }
+    }
+    Ok(out)
+}
+
+/// Merges `plan.inputs` into one sorted file, written under a hidden temp name in the
+/// partition directory (fsynced, not yet visible). On error nothing is left behind.
+pub fn merge(
+    data_dir: &Path,
+    plan: &Plan,
+    options: &PersistOptions,
+    max_rows_in_memory: usize,
+) -> Result<StagedFile, PersistError> {
+    let schema = storage_schema(plan.table);
+    for f in &plan.inputs {
+        let file_schema = open_reader(&f.path)?.schema().clone();
+        if file_schema.fields() != schema.fields() {
+            return Err(PersistError::Arrow(arrow_schema::ArrowError::SchemaError(format!(
+                "{} does not have the current storage schema; not compacted",
+                f.path.display()
+            ))));
+        }
+    }
+    let dir = table_dir(data_dir, plan.table).join(format!("date={}", plan.date));
+    let id = uuid::Uuid::now_v7();
+    let tmp = dir.join(format!(".{id}.parquet.tmp"));
+    let path = dir.join(format!("{id}.parquet"));
+    let result = (|| {
+        let counts = rows_per_gpu(&plan.inputs)?;
+        let file = fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(io_err("create", &tmp))?;
+        let mut w = ArrowWriter::try_new(file, schema.clone(), Some(writer_properties(plan.table, options)?))?;
+        let mut rows = 0;
+        for (lo, hi) in gpu_ranges(&counts, max_rows_in_memory.max(1)) {
+            let mut parts = Vec::new();
+            for f in &plan.inputs {
+                parts.extend(read_range(&f.path, &lo, &hi)?);
+            }
+            let all = arrow_select::concat::concat_batches(&schema, &parts)?;
+            drop(parts);
+            let keys = ["gpu_uuid", "time"]
+                .map(|c| schema.index_of(c).map(|i| SortColumn { values: all.column(i).clone(), options: None }));
+            let keys = keys.into_iter().collect::<Result<Vec<_>, _>>()?;
+            let sorted = arrow_select::take::take_record_batch(&all, &lexsort_to_indices(&keys, None)?)?;
+            rows += sorted.num_rows();
+            w.write(&sorted)?;
+        }
+        let file = w.into_inner()?;
+        file.sync_all().map_err(io_err("fsync", &tmp))?;
+        let bytes = file.metadata().map_err(io_err("stat", &tmp))?.len();
+        Ok(StagedFile {
+            tmp: tmp.clone(),
+            rows,
+            file: PersistedFile { table: plan.table, date: plan.date.clone(), path: path.clone(), bytes },
+        })
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Commits a merge: writes the journal (the commit point), renames the output into
+/// place. The inputs stay on disk, hidden from listings, until [`finish`].
+pub fn commit(plan: &Plan, staged: &StagedFile) -> Result<Journal, PersistError> {
+    let dir = partition_dir(&staged.file.path)?;
+    let journal = Journal {
+        inputs: plan.inputs.iter().map(|f| file_name(&f.path)).collect(),
+        output_tmp: file_name(&staged.tmp),
+        output: file_name(&staged.file.path),
+    };
+    let bytes = serde_json::to_vec_pretty(&journal).map_err(|e| PersistError::Io {
+        op: "encode journal",
+        path: dir.join(JOURNAL),
+        source: io::Error::other(e),
+    })?;
+    let path = dir.join(JOURNAL);
+    if let Err(e) = fsutil::write_atomic(&path, &bytes) {
+        let _ = fs::remove_file(&staged.tmp);
+        return Err(PersistError::Io { op: "write journal", path, source: e });
+    }
+    complete_rename(dir, &journal)?;
+    Ok(journal)
+}
+
+fn partition_dir(p: &Path) -> Result<&Path, PersistError> {
+    p.parent().ok_or_else(|| PersistError::Io {
+        op: "find partition of",
+        path: p.to_path_buf(),
+        source: io::Error::other("no parent directory"),
+    })
+}
+
+fn complete_rename(dir: &Path, j: &Journal) -> Result<(), PersistError> {
+    let (tmp, out) = (dir.join(&j.output_tmp), dir.join(&j.output));
+    match fs::rename(&tmp, &out) {
+        Ok(()) => fsutil::sync_dir(dir).map_err(io_err("sync directory", dir)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && out.exists() => Ok(()),
+        Err(e) => Err(PersistError::Io { op: "rename", path: tmp, source: e }),
+    }
+}
+
+/// Deletes a committed compaction's inputs, then its journal. Idempotent.
+pub fn finish(partition: &Path) -> Result<usize, PersistError> {
+    let path = partition.join(JOURNAL);
+    let Some(j) = read_journal(partition)? else { return Ok(0) };
+    complete_rename(partition, &j)?;
+    let mut removed = 0;
+    for name in &j.inputs {
+        match fs::remove_file(partition.join(name)) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(PersistError::Io { op: "remove", path: partition.join(name), source: e }),
+        }
+    }
+    fsutil::sync_dir(partition).map_err(io_err("sync directory", partition))?;
+    fs::remove_file(&path).map_err(io_err("remove", &path))?;
+    Ok(removed)
+}
+
+/// The journal of a partition, if a compaction there is committed and not finished.
+pub fn read_journal(partition: &Path) -> Result<Option<Journal>, PersistError> {
+    let path = partition.join(JOURNAL);
+    match fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| PersistError::Io {
+            op: "parse journal",
+            path,
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(PersistError::Io { op: "read", path, source: e }),
+    }
+}
+
+/// Start-up: finishes every committed compaction of `table` (nothing reads yet, so the
+/// inputs can go at once). Must run before temp files are removed: an output may still
+/// have its temp name. Returns the number of partitions finished.
+pub fn recover(data_dir: &Path, table: Table) -> Result<usize, PersistError> {
+    let mut n = 0;
+    for (_, dir) in crate::persist::partitions(data_dir, table)? {
+        if dir.join(JOURNAL).exists() {
+            finish(&dir)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Partitions of `table` whose day ended `retention_us` or more before `now_us`.
+pub fn expired(
+    data_dir: &Path,
+    table: Table,
+    now_us: i64,
+    retention_us: i64,
+) -> Result<Vec<(String, PathBuf)>, PersistError> {
+    let mut out = Vec::new();
+    for (date, dir) in crate::persist::partitions(data_dir, table)? {
+        let Some(day) = fsutil::parse_day(&date) else { continue };
+        let end = (day + 1).saturating_mul(MICROS_PER_DAY);
+        if end.saturating_add(retention_us) <= now_us {
+            out.push((date, dir));
+        }
+    }
+    Ok(out)
+}
+
+/// Removes a whole partition directory (retention).
+pub fn drop_partition(dir: &Path) -> Result<(), PersistError> {
+    fs::remove_dir_all(dir).map_err(io_err("remove partition", dir))?;
+    if let Some(parent) = dir.parent() {
+        fsutil::sync_dir(parent).map_err(io_err("sync directory", parent))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

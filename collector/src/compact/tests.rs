@@ -1,0 +1,150 @@
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Decimal128Type, TimestampMicrosecondType};
+
+use super::*;
+use crate::persist::{list_files, publish, stage_table};
+use crate::schema::to_storage;
+use crate::testdata::{self, MIDNIGHT};
+
+/// Persists `secs` seconds of `gpus` GPUs starting `offset_s` after MIDNIGHT, as one
+/// published file, the way one persist would.
+fn persist_one(dir: &Path, gpus: usize, offset_s: i64, secs: i64, row_group_rows: usize) {
+    let wire = testdata::samples(gpus, MIDNIGHT + offset_s * 1_000_000, secs);
+    let storage = to_storage(Table::GpuSamples, &wire).expect("convert");
+    let options = PersistOptions { row_group_rows, ..PersistOptions::default() };
+    let staged = stage_table(dir, Table::GpuSamples, &[storage], &options).expect("stage");
+    publish(&staged.iter().map(|s| (s.tmp.clone(), s.file.path.clone())).collect::<Vec<_>>()).expect("publish");
+}
+
+fn read_all(path: &Path) -> RecordBatch {
+    let b = ParquetRecordBatchReaderBuilder::try_new(File::open(path).expect("open")).expect("footer");
+    let batches = b.build().expect("reader").collect::<Result<Vec<_>, _>>().expect("read");
+    arrow_select::concat::concat_batches(&storage_schema(Table::GpuSamples), &batches).expect("concat")
+}
+
+/// (gpu_uuid, time, gpu_util) of every row: what must survive a merge unchanged.
+fn keyed_rows(b: &RecordBatch) -> Vec<(String, i64, i128)> {
+    let gpu = b.column_by_name("gpu_uuid").expect("col").as_string::<i32>();
+    let time = b.column_by_name("time").expect("col").as_primitive::<TimestampMicrosecondType>();
+    let util = b.column_by_name("gpu_util").expect("col").as_primitive::<Decimal128Type>();
+    (0..b.num_rows()).map(|i| (gpu.value(i).to_owned(), time.value(i), util.value(i))).collect()
+}
+
+const POLICY: Policy = Policy { delay_us: 3_600_000_000, max_files: 48 };
+
+#[test]
+fn merges_a_partition_into_one_sorted_file_with_bounded_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Three persists of 12 GPUs over overlapping-in-GPU, disjoint-in-time stretches.
+    for (offset, secs) in [(0, 40), (40, 25), (65, 35)] {
+        persist_one(dir.path(), 12, offset, secs, 64);
+    }
+    let before = list_files(dir.path(), Table::GpuSamples).expect("list");
+    assert_eq!(before.len(), 3);
+    let mut expected: Vec<_> = before.iter().flat_map(|f| keyed_rows(&read_all(&f.path))).collect();
+    expected.sort();
+
+    let plans = plan(&before, MIDNIGHT + 86_400_000_000 + 3_600_000_000, POLICY);
+    assert_eq!(plans.len(), 1);
+    // 250 rows in memory at most: 12 GPUs × 100 rows come through in ranges of 2 GPUs.
+    let staged =
+        merge(dir.path(), &plans[0], &PersistOptions { row_group_rows: 128, zstd_level: 3 }, 250).expect("merge");
+    assert_eq!(staged.rows, 1200);
+    assert!(staged.tmp.exists() && !staged.file.path.exists(), "nothing visible before the commit");
+    assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list").len(), 3);
+
+    let journal = commit(&plans[0], &staged).expect("commit");
+    assert_eq!(journal.inputs.len(), 3);
+    let after = list_files(dir.path(), Table::GpuSamples).expect("list");
+    assert_eq!(after, vec![staged.file.clone()], "the inputs are hidden once committed");
+    assert!(before.iter().all(|f| f.path.exists()), "… but kept for queries planned before");
+
+    let merged = read_all(&staged.file.path);
+    let rows = keyed_rows(&merged);
+    assert!(rows.windows(2).all(|w| (&w[0].0, w[0].1) < (&w[1].0, w[1].1)), "sorted by (gpu_uuid, time)");
+    assert_eq!(rows, expected, "every row once, values unchanged");
+    let meta = ParquetRecordBatchReaderBuilder::try_new(File::open(&staged.file.path).expect("open"))
+        .expect("footer")
+        .metadata()
+        .clone();
+    assert!(meta.row_groups().iter().all(|rg| rg.num_rows() <= 128 && rg.sorting_columns().is_some()));
+
+    let partition = staged.file.path.parent().expect("dir");
+    assert_eq!(finish(partition).expect("finish"), 3);
+    assert!(before.iter().all(|f| !f.path.exists()));
+    assert!(!partition.join(JOURNAL).exists());
+    assert_eq!(finish(partition).expect("idempotent"), 0);
+    assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), vec![staged.file]);
+}
+
+#[test]
+fn plan_waits_for_the_day_to_end_unless_too_many_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    persist_one(dir.path(), 2, 0, 10, 100);
+    let files = list_files(dir.path(), Table::GpuSamples).expect("list");
+    let day_end = MIDNIGHT + 86_400_000_000;
+    assert!(plan(&files, day_end + 7_200_000_000, POLICY).is_empty(), "one file: nothing to merge");
+
+    persist_one(dir.path(), 2, 10, 10, 100);
+    persist_one(dir.path(), 2, 20, 10, 100);
+    let files = list_files(dir.path(), Table::GpuSamples).expect("list");
+    assert!(plan(&files, MIDNIGHT + 3_600_000_000, POLICY).is_empty(), "the day is not over");
+    assert!(plan(&files, day_end + 3_599_999_999, POLICY).is_empty(), "still within the delay");
+    assert_eq!(plan(&files, day_end + 3_600_000_000, POLICY).len(), 1);
+    let eager = Policy { delay_us: 3_600_000_000, max_files: 2 };
+    assert_eq!(plan(&files, MIDNIGHT, eager).len(), 1, "more than max_files merges early");
+}
+
+#[test]
+fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for offset in [0, 10] {
+        persist_one(dir.path(), 3, offset, 10, 100);
+    }
+    let before = list_files(dir.path(), Table::GpuSamples).expect("list");
+    let p = &plan(&before, i64::MAX, POLICY)[0];
+    let staged = merge(dir.path(), p, &PersistOptions::default(), 1_000).expect("merge");
+    let partition = staged.file.path.parent().expect("dir").to_path_buf();
+
+    // Uncommitted (crash before the journal): start-up removes the orphan temp file.
+    assert_eq!(crate::persist::remove_temp_files(dir.path(), Table::GpuSamples).expect("clean"), 1);
+    assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), before);
+
+    // Committed, crash before the rename: the journal exists, the output is a temp file.
+    let staged = merge(dir.path(), p, &PersistOptions::default(), 1_000).expect("merge");
+    let j = Journal {
+        inputs: p.inputs.iter().map(|f| file_name(&f.path)).collect(),
+        output_tmp: file_name(&staged.tmp),
+        output: file_name(&staged.file.path),
+    };
+    fsutil::write_atomic(&partition.join(JOURNAL), &serde_json::to_vec(&j).expect("json")).expect("journal");
+    assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), Vec::new(), "inputs hidden, output not yet");
+    assert_eq!(recover(dir.path(), Table::GpuSamples).expect("recover"), 1);
+    let after = list_files(dir.path(), Table::GpuSamples).expect("list");
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].path, staged.file.path);
+    assert_eq!(read_all(&after[0].path).num_rows(), 60);
+    assert!(before.iter().all(|f| !f.path.exists()));
+}
+
+#[test]
+fn retention_finds_partitions_past_their_age() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    persist_one(dir.path(), 1, 0, 5, 100);
+    let day_end = MIDNIGHT + 86_400_000_000;
+    let thirty_days = 30 * 86_400_000_000;
+    assert!(expired(dir.path(), Table::GpuSamples, day_end + thirty_days - 1, thirty_days).expect("list").is_empty());
+    let gone = expired(dir.path(), Table::GpuSamples, day_end + thirty_days, thirty_days).expect("list");
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].0, "2026-11-19");
+    drop_partition(&gone[0].1).expect("drop");
+    assert!(list_files(dir.path(), Table::GpuSamples).expect("list").is_empty());
+}
+
+#[test]
+fn gpu_ranges_respect_the_row_budget() {
+    let counts: BTreeMap<String, usize> = [("a", 5), ("b", 5), ("c", 20), ("d", 1)].map(|(k, v)| (k.into(), v)).into();
+    let r = gpu_ranges(&counts, 10);
+    assert_eq!(r, vec![("a".into(), "b".into()), ("c".into(), "c".into()), ("d".into(), "d".into())]);
+    assert!(gpu_ranges(&BTreeMap::new(), 10).is_empty());
+}

@@ -1,0 +1,189 @@
+//! Maintenance: deleting superseded files after their grace, retention, compaction —
+//! and the background thread that runs them every `maintenance_interval`.
+//!
+//! Order matters: superseded files first (a partition with a pending journal is never
+//! merged again, since a second journal would lose the first's list), then retention
+//! (no point merging a partition about to go), then compaction, oldest partition first.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use apron_common::wire::Table;
+
+use super::{Inner, TABLES, lock, now_us};
+use crate::compact::{self, JOURNAL, Policy};
+use crate::persist::{PersistError, PersistOptions};
+
+/// A partition merged into one file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compacted {
+    pub table: Table,
+    pub date: String,
+    pub inputs: usize,
+    pub rows: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// What one maintenance pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    pub compacted: Vec<Compacted>,
+    /// `(table, date)` of partitions deleted by retention.
+    pub expired: Vec<(Table, String)>,
+    /// Superseded input files deleted after their grace.
+    pub superseded_removed: usize,
+    /// Failures; each leaves its partition as it was, to be tried at the next pass.
+    pub errors: Vec<String>,
+}
+
+/// A committed compaction whose inputs are kept until `due`.
+pub(super) struct Pending {
+    due: Instant,
+    partition: PathBuf,
+}
+
+impl Inner {
+    pub(super) fn maintain(&self, now_us: i64, now: Instant) -> MaintenanceReport {
+        let _one_at_a_time = lock(&self.maintain_lock);
+        let mut report = MaintenanceReport::default();
+        self.finish_superseded(now, &mut report);
+        self.expire(now_us, &mut report);
+        self.compact(now_us, now, &mut report);
+        report
+    }
+
+    fn finish_superseded(&self, now: Instant, report: &mut MaintenanceReport) {
+        let due: Vec<Pending> = {
+            let mut pending = lock(&self.pending);
+            let (due, keep) = std::mem::take(&mut *pending).into_iter().partition(|p| p.due <= now);
+            *pending = keep;
+            due
+        };
+        for p in due {
+            match compact::finish(&p.partition) {
+                Ok(n) => report.superseded_removed += n,
+                Err(e) => {
+                    report.errors.push(e.to_string());
+                    lock(&self.pending).push(p);
+                }
+            }
+        }
+    }
+
+    fn expire(&self, now_us: i64, report: &mut MaintenanceReport) {
+        let data = &self.config.data_dir;
+        let retention = i64::try_from(self.config.retention_raw.as_micros()).unwrap_or(i64::MAX);
+        for table in TABLES {
+            let expired = match compact::expired(data, table, now_us, retention) {
+                Ok(e) => e,
+                Err(e) => {
+                    report.errors.push(e.to_string());
+                    continue;
+                }
+            };
+            for (date, dir) in expired {
+                // Out of every listing first, then off the disk.
+                lock(&self.state).files.entry(table).or_default().retain(|f| f.date != date);
+                lock(&self.pending).retain(|p| p.partition != dir);
+                match compact::drop_partition(&dir) {
+                    Ok(()) => report.expired.push((table, date)),
+                    Err(e) => report.errors.push(e.to_string()),
+                }
+            }
+        }
+    }
+
+    fn compact(&self, now_us: i64, now: Instant, report: &mut MaintenanceReport) {
+        let policy = Policy {
+            delay_us: i64::try_from(self.config.compaction_delay.as_micros()).unwrap_or(i64::MAX),
+            max_files: self.config.compaction_max_files.max(1),
+        };
+        let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
+        for table in TABLES {
+            let files = lock(&self.state).files.get(&table).cloned().unwrap_or_default();
+            for plan in compact::plan(&files, now_us, policy) {
+                let Some(partition) = plan.inputs[0].path.parent().map(PathBuf::from) else { continue };
+                if partition.join(JOURNAL).exists() {
+                    continue; // the last merge's inputs are still in their grace
+                }
+                let started = Instant::now();
+                let result = compact::merge(&self.config.data_dir, &plan, &options, self.config.compaction_memory_rows)
+                    .and_then(|staged| compact::commit(&plan, &staged).map(|_| staged));
+                let staged = match result {
+                    Ok(s) => s,
+                    Err(e) => {
+                        report.errors.push(format!("compacting {} {}: {e}", table.name(), plan.date));
+                        continue;
+                    }
+                };
+                {
+                    let mut st = lock(&self.state);
+                    let list = st.files.entry(table).or_default();
+                    list.retain(|f| !plan.inputs.iter().any(|i| i.path == f.path));
+                    list.push(staged.file.clone());
+                    list.sort_by(|a, b| a.path.cmp(&b.path));
+                }
+                lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
+                let c = Compacted {
+                    table,
+                    date: plan.date.clone(),
+                    inputs: plan.inputs.len(),
+                    rows: staged.rows,
+                    bytes_before: plan.inputs.iter().map(|f| f.bytes).sum(),
+                    bytes_after: staged.file.bytes,
+                };
+                tracing::info!(
+                    table = table.name(),
+                    date = %c.date,
+                    inputs = c.inputs,
+                    rows = c.rows,
+                    bytes_before = c.bytes_before,
+                    bytes_after = c.bytes_after,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "compacted a partition"
+                );
+                report.compacted.push(c);
+            }
+        }
+        if self.config.superseded_grace.is_zero() {
+            self.finish_superseded(now, report);
+        }
+    }
+}
+
+/// Start-up: finishes compactions a crash interrupted (before temp files are cleared).
+pub(super) fn recover(data: &std::path::Path) -> Result<usize, PersistError> {
+    TABLES.into_iter().map(|t| compact::recover(data, t)).sum()
+}
+
+pub(super) fn spawn_background(inner: Arc<Inner>) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("apron-maintain".into()).spawn(move || background(&inner))
+}
+
+fn background(inner: &Inner) {
+    let interval = inner.config.maintenance_interval.max(Duration::from_millis(100));
+    loop {
+        {
+            let mut sig = lock(&inner.signal);
+            let until = Instant::now() + interval;
+            while !sig.shutdown && Instant::now() < until {
+                let left = until.saturating_duration_since(Instant::now());
+                sig = inner.wake.wait_timeout(sig, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+            }
+            if sig.shutdown {
+                return;
+            }
+        }
+        let r = inner.maintain(now_us(), Instant::now());
+        for e in &r.errors {
+            tracing::warn!(error = %e, "maintenance step failed; retried at the next pass");
+        }
+        if !r.expired.is_empty() {
+            tracing::info!(partitions = r.expired.len(), "retention removed partitions");
+        }
+    }
+}
