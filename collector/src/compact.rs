@@ -212,7 +212,7 @@ pub fn merge(
             }
             let all = arrow_select::concat::concat_batches(&schema, &parts)?;
             drop(parts);
-            let keys = ["gpu_uuid", "time"]
+            let keys = ["gpu_uuid", plan.table.time_column()]
                 .map(|c| schema.index_of(c).map(|i| SortColumn { values: all.column(i).clone(), options: None }));
             let keys = keys.into_iter().collect::<Result<Vec<_>, _>>()?;
             let sorted = arrow_select::take::take_record_batch(&all, &lexsort_to_indices(&keys, None)?)?;

@@ -125,6 +125,9 @@ pub enum StoreError {
     /// incompatible build?). Start-up stops rather than drop acknowledged data.
     #[error("replaying the WAL: record {agent}/{epoch}/{sequence} for table {table:?}: {detail}")]
     Replay { table: String, agent: String, epoch: String, sequence: u64, detail: String },
+    /// A derived table's partition could not be replaced with what was given.
+    #[error("replacing {table} partition {date}: {detail}")]
+    Derived { table: &'static str, date: String, detail: String },
 }
 
 impl StoreError {

@@ -52,7 +52,7 @@ impl Memtable {
             s.batches += 1;
             s.rows += batch.num_rows();
             s.bytes += batch.get_array_memory_size();
-            if let Some((lo, hi)) = time_range(&batch) {
+            if let Some((lo, hi)) = time_range(&batch, table.time_column()) {
                 s.min_time = Some(s.min_time.map_or(lo, |m| m.min(lo)));
                 s.max_time = Some(s.max_time.map_or(hi, |m| m.max(hi)));
             }
@@ -90,9 +90,9 @@ impl Memtable {
     }
 }
 
-/// Min and max of the `time` column (column 0 in every table), ignoring nulls.
-fn time_range(batch: &RecordBatch) -> Option<(i64, i64)> {
-    let time = batch.column_by_name("time")?.as_primitive_opt::<TimestampMicrosecondType>()?;
+/// Min and max of the table's time column, ignoring nulls.
+fn time_range(batch: &RecordBatch, column: &str) -> Option<(i64, i64)> {
+    let time = batch.column_by_name(column)?.as_primitive_opt::<TimestampMicrosecondType>()?;
     let mut range: Option<(i64, i64)> = None;
     for t in time.iter().flatten() {
         range = Some(range.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t))));

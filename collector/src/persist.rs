@@ -114,7 +114,7 @@ pub fn table_dir(data_dir: &Path, table: Table) -> PathBuf {
 
 /// True for columns stored with DELTA_BINARY_PACKED (and no dictionary).
 pub fn delta_encoded(name: &str, data_type: &DataType) -> bool {
-    name == "time"
+    matches!(data_type, DataType::Timestamp(..))
         || (!IDENTITY_INTEGERS.contains(&name)
             && matches!(data_type, DataType::Int32 | DataType::Int64 | DataType::Decimal128(..=18, _)))
 }
@@ -126,7 +126,7 @@ pub fn writer_properties(table: Table, options: &PersistOptions) -> Result<Write
         let i = schema.index_of(name).map_err(|e| ParquetError::General(e.to_string()))?;
         i32::try_from(i).map_err(|e| ParquetError::General(e.to_string()))
     };
-    let sorting = ["gpu_uuid", "time"]
+    let sorting = ["gpu_uuid", table.time_column()]
         .iter()
         .map(|c| Ok(SortingColumn { column_idx: index(c)?, descending: false, nulls_first: false }))
         .collect::<Result<Vec<_>, ParquetError>>()?;
@@ -151,20 +151,21 @@ pub fn writer_properties(table: Table, options: &PersistOptions) -> Result<Write
     Ok(b.build())
 }
 
-/// Sorts `batches` of `table` by (day, `gpu_uuid`, `time`) and splits them by UTC day.
+/// Sorts `batches` of `table` by (day, `gpu_uuid`, time column) and splits them by
+/// UTC day of the table's time column.
 pub fn sort_by_day(table: Table, batches: &[RecordBatch]) -> Result<Vec<(i64, RecordBatch)>, PersistError> {
     let schema = storage_schema(table);
     let all = arrow_select::concat::concat_batches(&schema, batches)?;
     if all.num_rows() == 0 {
         return Ok(Vec::new());
     }
-    let time = time_column(&all)?;
+    let time = time_column(&all, table)?;
     let days: ArrayRef = Arc::new(time.unary::<_, Int64Type>(|t| t.div_euclid(MICROS_PER_DAY)));
     let gpu = all.column(schema.index_of("gpu_uuid")?).clone();
-    let keys = [days, gpu, all.column(schema.index_of("time")?).clone()];
+    let keys = [days, gpu, all.column(schema.index_of(table.time_column())?).clone()];
     let indices = lexsort_to_indices(&keys.map(|values| SortColumn { values, options: None }), None)?;
     let sorted = arrow_select::take::take_record_batch(&all, &indices)?;
-    let time = time_column(&sorted)?;
+    let time = time_column(&sorted, table)?;
     let mut out = Vec::new();
     let mut start = 0;
     for i in 1..=sorted.num_rows() {
@@ -177,10 +178,11 @@ pub fn sort_by_day(table: Table, batches: &[RecordBatch]) -> Result<Vec<(i64, Re
     Ok(out)
 }
 
-fn time_column(b: &RecordBatch) -> Result<&arrow_array::TimestampMicrosecondArray, ArrowError> {
-    b.column_by_name("time")
+fn time_column(b: &RecordBatch, table: Table) -> Result<&arrow_array::TimestampMicrosecondArray, ArrowError> {
+    let name = table.time_column();
+    b.column_by_name(name)
         .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
-        .ok_or_else(|| ArrowError::SchemaError("no Timestamp(µs) column \"time\"".into()))
+        .ok_or_else(|| ArrowError::SchemaError(format!("no Timestamp(µs) column \"{name}\"")))
 }
 
 /// Writes `batches` of `table` as one temp file per UTC day. Nothing is visible until
@@ -191,19 +193,10 @@ pub fn stage_table(
     batches: &[RecordBatch],
     options: &PersistOptions,
 ) -> Result<Vec<StagedFile>, PersistError> {
-    let props = writer_properties(table, options)?;
-    let schema = storage_schema(table);
-    let mut staged = Vec::new();
+    let mut staged: Vec<StagedFile> = Vec::new();
     let result = (|| {
         for (day, batch) in sort_by_day(table, batches)? {
-            let date = date_string(day);
-            let dir = table_dir(data_dir, table).join(format!("date={date}"));
-            fsutil::create_dir_durable(&dir).map_err(|e| PersistError::io("create directory", &dir, e))?;
-            let id = uuid::Uuid::now_v7();
-            let tmp = dir.join(format!(".{id}.parquet.tmp"));
-            let path = dir.join(format!("{id}.parquet"));
-            let bytes = write_file(&tmp, &schema, &batch, props.clone())?;
-            staged.push(StagedFile { tmp, rows: batch.num_rows(), file: PersistedFile { table, date, path, bytes } });
+            staged.push(stage_partition(data_dir, table, &date_string(day), &batch, options)?);
         }
         Ok(())
     })();
@@ -214,6 +207,25 @@ pub fn stage_table(
         return Err(e);
     }
     Ok(staged)
+}
+
+/// Writes one temp file into the `date=` partition of `table` from `batch`, which must
+/// be sorted and all in that day (zero rows is allowed: an empty file).
+pub fn stage_partition(
+    data_dir: &Path,
+    table: Table,
+    date: &str,
+    batch: &RecordBatch,
+    options: &PersistOptions,
+) -> Result<StagedFile, PersistError> {
+    let props = writer_properties(table, options)?;
+    let dir = table_dir(data_dir, table).join(format!("date={date}"));
+    fsutil::create_dir_durable(&dir).map_err(|e| PersistError::io("create directory", &dir, e))?;
+    let id = uuid::Uuid::now_v7();
+    let tmp = dir.join(format!(".{id}.parquet.tmp"));
+    let path = dir.join(format!("{id}.parquet"));
+    let bytes = write_file(&tmp, &storage_schema(table), batch, props)?;
+    Ok(StagedFile { tmp, rows: batch.num_rows(), file: PersistedFile { table, date: date.to_owned(), path, bytes } })
 }
 
 fn write_file(

@@ -84,6 +84,15 @@ pub fn conversion(table: Table, column: &str, wire: &DataType) -> Conversion {
         // NVML reports per-process SM utilisation in whole percent; 1e-4 keeps it exact.
         Table::GpuProcesses if column == "sm_util" => Conversion::Decimal { precision: 5, scale: 4 },
         Table::GpuProcesses => Conversion::Keep,
+        // Extremes at device resolution like the raw columns; means stay Float64.
+        Table::GpuSamples1m => match column.strip_suffix("_min").or_else(|| column.strip_suffix("_max")) {
+            Some(base) => {
+                let base = base.strip_suffix("_max").unwrap_or(base);
+                Field::from_column(base).map_or(Conversion::Keep, field_conversion)
+            }
+            None => Conversion::Keep,
+        },
+        Table::Allocations | Table::GpuCostHourly => Conversion::Keep,
     }
 }
 
@@ -106,11 +115,17 @@ fn build(table: Table) -> TableSchema {
 
 static GPU_SAMPLES: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuSamples));
 static GPU_PROCESSES: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuProcesses));
+static GPU_SAMPLES_1M: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuSamples1m));
+static ALLOCATIONS: LazyLock<TableSchema> = LazyLock::new(|| build(Table::Allocations));
+static GPU_COST_HOURLY: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuCostHourly));
 
 fn table_schema(table: Table) -> &'static TableSchema {
     match table {
         Table::GpuSamples => &GPU_SAMPLES,
         Table::GpuProcesses => &GPU_PROCESSES,
+        Table::GpuSamples1m => &GPU_SAMPLES_1M,
+        Table::Allocations => &ALLOCATIONS,
+        Table::GpuCostHourly => &GPU_COST_HOURLY,
     }
 }
 

@@ -209,6 +209,62 @@ fn compaction_merges_persists_and_retention_drops_old_days() {
     assert!(!dir.path().join("gpu_samples").join("date=2026-11-18").exists());
 }
 
+/// An `allocations` batch of `n` rows starting at `start_us`, one per GPU.
+fn allocations(n: usize, start_us: i64, team: &str) -> RecordBatch {
+    use arrow_array::{ArrayRef, BooleanArray, StringArray, TimestampMicrosecondArray};
+    let schema = Table::Allocations.schema();
+    let strings = |v: Vec<String>| Arc::new(StringArray::from(v)) as ArrayRef;
+    let times = |v: Vec<Option<i64>>| Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC")) as ArrayRef;
+    let columns = vec![
+        strings((0..n).map(|g| format!("GPU-{g:04}")).collect()),
+        strings((0..n).map(|_| "node-0".to_owned()).collect()),
+        times((0..n).map(|g| Some(start_us + g as i64)).collect()),
+        times(vec![None; n]),
+        strings(vec!["pod".to_owned(); n]),
+        strings((0..n).map(|g| format!("ml/train-{g}")).collect()),
+        strings(vec![team.to_owned(); n]),
+        Arc::new(StringArray::from(vec![Some("training"); n])) as ArrayRef,
+        Arc::new(BooleanArray::from(vec![false; n])) as ArrayRef,
+        strings(vec!["kubernetes".to_owned(); n]),
+        Arc::new(StringArray::from(vec![None::<&str>; n])) as ArrayRef,
+    ];
+    RecordBatch::try_new(schema, columns).expect("batch")
+}
+
+#[test]
+fn derived_partitions_are_replaced_whole_and_never_ingested() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(config(dir.path())).expect("open");
+    let date = "2026-11-18";
+    let first = store.replace_partition(Table::Allocations, date, &[allocations(3, T0, "ml")]).expect("replace");
+    assert_eq!(store.persisted_files(Table::Allocations), vec![first.clone()]);
+    let second = store.replace_partition(Table::Allocations, date, &[allocations(5, T0, "vision")]).expect("again");
+    assert_eq!(store.persisted_files(Table::Allocations), vec![second.clone()], "the old file is replaced");
+    let read = |p: &Path| {
+        let r = ParquetRecordBatchReaderBuilder::try_new(File::open(p).expect("open")).expect("parquet");
+        r.build().expect("reader").map(|b| b.expect("batch")).collect::<Vec<_>>()
+    };
+    let batches = read(&second.path);
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 5);
+    assert_eq!(batches[0].schema().fields(), storage_schema(Table::Allocations).fields());
+    // Replacing with nothing leaves an empty partition, still one file.
+    let empty = store.replace_partition(Table::Allocations, date, &[]).expect("empty");
+    assert_eq!(read(&empty.path).iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    // Survives a restart exactly as it was.
+    drop(store);
+    let store = Store::open(config(dir.path())).expect("reopen");
+    assert_eq!(store.persisted_files(Table::Allocations), vec![empty]);
+
+    // Rows outside the day, raw tables and ingest of derived tables are refused.
+    let next_day = T0 + 86_400_000_000;
+    assert!(store.replace_partition(Table::Allocations, date, &[allocations(1, next_day, "ml")]).is_err());
+    assert!(store.replace_partition(Table::Allocations, "2026-02-31", &[]).is_err());
+    assert!(store.replace_partition(Table::GpuSamples, date, &[]).is_err());
+    let body = encode_ipc(&allocations(1, T0, "ml")).expect("ipc");
+    let req = IngestRequest { table: Table::Allocations, agent: "a", epoch: EPOCH, sequence: 0, body: &body };
+    assert!(matches!(store.ingest(req), Err(IngestError::BadRequest(_))));
+}
+
 #[test]
 fn duplicates_are_stored_once_across_restarts() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -36,32 +36,73 @@ pub mod headers {
     pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 }
 
-/// The tables an agent ships.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The stored tables: those an agent ships ([`Table::shipped`]) and those the server
+/// derives from them (rollups, allocations, cost), which share the storage path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
     GpuSamples,
     GpuProcesses,
+    GpuSamples1m,
+    Allocations,
+    GpuCostHourly,
 }
 
 impl Table {
+    pub const ALL: [Table; 5] =
+        [Table::GpuSamples, Table::GpuProcesses, Table::GpuSamples1m, Table::Allocations, Table::GpuCostHourly];
+
     pub const fn name(self) -> &'static str {
         match self {
             Table::GpuSamples => "gpu_samples",
             Table::GpuProcesses => "gpu_processes",
+            Table::GpuSamples1m => "gpu_samples_1m",
+            Table::Allocations => "allocations",
+            Table::GpuCostHourly => "gpu_cost_hourly",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Table> {
-        [Table::GpuSamples, Table::GpuProcesses].into_iter().find(|t| t.name() == name)
+        Table::ALL.into_iter().find(|t| t.name() == name)
     }
 
+    /// True for the tables agents send to `POST /api/v1/ingest`; the others are
+    /// written by the server only.
+    pub const fn shipped(self) -> bool {
+        matches!(self, Table::GpuSamples | Table::GpuProcesses)
+    }
+
+    /// The Timestamp(µs, UTC) column whose UTC day names a row's `date=` partition;
+    /// files are sorted by (`gpu_uuid`, this).
+    pub const fn time_column(self) -> &'static str {
+        match self {
+            Table::GpuSamples | Table::GpuProcesses | Table::GpuSamples1m => "time",
+            Table::Allocations => "start_time",
+            Table::GpuCostHourly => "hour",
+        }
+    }
+
+    /// The schema batches of this table are written in: for shipped tables what agents
+    /// send (measurements as Float64, stored exactly by the collector); for derived
+    /// ones what the server writes, converted the same way.
     pub fn schema(self) -> SchemaRef {
         match self {
             Table::GpuSamples => GPU_SAMPLES.clone(),
             Table::GpuProcesses => GPU_PROCESSES.clone(),
+            Table::GpuSamples1m => GPU_SAMPLES_1M.clone(),
+            Table::Allocations => ALLOCATIONS.clone(),
+            Table::GpuCostHourly => GPU_COST_HOURLY.clone(),
         }
     }
 }
+
+/// Money: exact micro-dollars (the contract's Decimal128(18, 6)).
+pub const MONEY: DataType = DataType::Decimal128(18, 6);
+/// Exclusive seconds of `gpu_cost_hourly`: exact to the microsecond, so the states of a
+/// GPU-hour add up to exactly 3600.
+pub const SECONDS: DataType = DataType::Decimal128(18, 6);
+
+/// The rollup aggregates of each measurement in `gpu_samples_1m`.
+pub const ROLLUP_SUFFIXES: [&str; 3] = ["_mean", "_min", "_max"];
 
 fn time_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
@@ -98,6 +139,85 @@ static GPU_SAMPLES: LazyLock<SchemaRef> = LazyLock::new(|| {
         if let Some(max) = max_column(f) {
             fields.push(ArrowField::new(max, field_type(f), true));
         }
+    }
+    Arc::new(Schema::new(fields))
+});
+
+/// `gpu_samples_1m`: the identity of `gpu_samples`, one row per GPU per minute (`time`
+/// is the minute's end, like a window's), `_mean`/`_min`/`_max` of every measurement
+/// over the windows ending in the minute, `samples` (windows) and `covered_s` (seconds
+/// of the minute those windows cover).
+static GPU_SAMPLES_1M: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let mut fields = vec![
+        ArrowField::new("time", time_type(), false),
+        ArrowField::new("window_s", DataType::Float64, false),
+        ArrowField::new("cluster", DataType::Utf8, true),
+        ArrowField::new("host", DataType::Utf8, false),
+        ArrowField::new("gpu_uuid", DataType::Utf8, false),
+        ArrowField::new("gpu_index", DataType::Int32, false),
+        ArrowField::new("gpu_model", DataType::Utf8, false),
+        ArrowField::new("parent_gpu_uuid", DataType::Utf8, true),
+        ArrowField::new("mig_profile", DataType::Utf8, true),
+        ArrowField::new("samples", DataType::Int64, false),
+        ArrowField::new("covered_s", DataType::Float64, false),
+    ];
+    for &f in Field::ALL {
+        for suffix in ROLLUP_SUFFIXES {
+            // Means of integer fields are fractional.
+            let t = if suffix == "_mean" { DataType::Float64 } else { field_type(f) };
+            fields.push(ArrowField::new(format!("{}{suffix}", f.column()), t, true));
+        }
+        if let Some(max) = max_column(f) {
+            fields.push(ArrowField::new(format!("{max}_mean"), DataType::Float64, true));
+            fields.push(ArrowField::new(format!("{max}_max"), field_type(f), true));
+        }
+    }
+    Arc::new(Schema::new(fields))
+});
+
+/// `allocations`: who held which GPU when.
+static ALLOCATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let s = |n: &str, nullable| ArrowField::new(n, DataType::Utf8, nullable);
+    Arc::new(Schema::new(vec![
+        s("gpu_uuid", false),
+        s("host", false),
+        ArrowField::new("start_time", time_type(), false),
+        ArrowField::new("end_time", time_type(), true),
+        s("owner_kind", false),
+        s("owner", false),
+        s("team", false),
+        s("workload_kind", true),
+        ArrowField::new("interruptible", DataType::Boolean, false),
+        s("source", false),
+        s("cluster", true),
+    ]))
+});
+
+/// `gpu_cost_hourly`: one row per (hour, GPU, team), exclusive seconds and money.
+static GPU_COST_HOURLY: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let s = |n: &str, nullable| ArrowField::new(n, DataType::Utf8, nullable);
+    let mut fields = vec![
+        ArrowField::new("hour", time_type(), false),
+        s("cluster", true),
+        s("host", false),
+        s("gpu_uuid", false),
+        s("gpu_model", false),
+        s("team", false),
+    ];
+    for c in [
+        "active_s",
+        "allocated_idle_s",
+        "stranded_s",
+        "unallocated_idle_s",
+        "unallocated_busy_s",
+        "unknown_s",
+        "underused_s",
+    ] {
+        fields.push(ArrowField::new(c, SECONDS, false));
+    }
+    // NULL price and money where the GPU's model has no price (reported, never 0).
+    for c in ["price_per_gpu_hour", "cost_usd", "idle_cost_usd", "stranded_cost_usd"] {
+        fields.push(ArrowField::new(c, MONEY, true));
     }
     Arc::new(Schema::new(fields))
 });

@@ -19,12 +19,29 @@ pub struct TableDef {
     pub sort_order: &'static [&'static str],
 }
 
-/// Every table of the SQL API. Later tables (`gpu_samples_1m` on `time`, `allocations`
-/// on `start_time`, `gpu_cost_hourly` on `hour`) are one line each.
+/// Every stored table of the SQL API (the derived ones are written by the server's
+/// maintenance, in the same layout).
 pub const TABLES: &[TableDef] = &[
     TableDef { name: "gpu_samples", time_column: "time", sort_order: &["gpu_uuid", "time"] },
     TableDef { name: "gpu_processes", time_column: "time", sort_order: &["gpu_uuid", "time"] },
+    TableDef { name: "gpu_samples_1m", time_column: "time", sort_order: &["gpu_uuid", "time"] },
+    TableDef { name: "allocations", time_column: "start_time", sort_order: &["gpu_uuid", "start_time"] },
+    TableDef { name: "gpu_cost_hourly", time_column: "hour", sort_order: &["gpu_uuid", "hour"] },
 ];
+
+#[cfg(test)]
+mod tests {
+    use apron_collector::Table;
+
+    #[test]
+    fn every_stored_table_is_served_with_its_own_time_column() {
+        for t in Table::ALL {
+            let def = super::table_def(t.name()).expect("listed");
+            assert_eq!(def.time_column, t.time_column());
+            assert_eq!(def.sort_order, ["gpu_uuid", t.time_column()]);
+        }
+    }
+}
 
 /// The definition of `name`, if it is a table of the SQL API.
 pub fn table_def(name: &str) -> Option<&'static TableDef> {

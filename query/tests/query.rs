@@ -125,7 +125,7 @@ async fn memtable_and_parquet_together_and_fresh_rows_visible_at_once() {
     let (_dir, store) = fixture();
     assert_eq!(store.persisted_files(Table::GpuSamples).len(), 2, "two day partitions on disk");
     let e = engine(store.clone(), QueryConfig::default());
-    assert_eq!(e.tables(), ["gpu_samples", "gpu_processes"]);
+    assert_eq!(e.tables(), ["gpu_samples", "gpu_processes", "gpu_samples_1m", "allocations", "gpu_cost_hourly"]);
     assert_eq!(count(&e, "SELECT count(*) FROM gpu_samples").await, 600);
     // A new batch is queryable as soon as ingest returns.
     ingest(&store, Table::GpuSamples, 5, &samples(DAY1 + DAY + 30_000_000, 1));

@@ -12,10 +12,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use apron_common::wire::Table;
+use arrow_array::RecordBatch;
 
 use super::{Inner, TABLES, lock, now_us};
-use crate::compact::{self, JOURNAL, Policy};
-use crate::persist::{PersistError, PersistOptions};
+use crate::compact::{self, JOURNAL, Plan, Policy};
+use crate::error::StoreError;
+use crate::persist::{self, PersistError, PersistOptions, PersistedFile};
+use crate::schema::{storage_schema, to_storage};
 
 /// A partition merged into one file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,8 +79,9 @@ impl Inner {
 
     fn expire(&self, now_us: i64, report: &mut MaintenanceReport) {
         let data = &self.config.data_dir;
-        let retention = i64::try_from(self.config.retention_raw.as_micros()).unwrap_or(i64::MAX);
         for table in TABLES {
+            let retention = if table.shipped() { self.config.retention_raw } else { self.config.retention_derived };
+            let retention = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
             let expired = match compact::expired(data, table, now_us, retention) {
                 Ok(e) => e,
                 Err(e) => {
@@ -120,13 +124,7 @@ impl Inner {
                         continue;
                     }
                 };
-                {
-                    let mut st = lock(&self.state);
-                    let list = st.files.entry(table).or_default();
-                    list.retain(|f| !plan.inputs.iter().any(|i| i.path == f.path));
-                    list.push(staged.file.clone());
-                    list.sort_by(|a, b| a.path.cmp(&b.path));
-                }
+                self.swap(&plan, &staged.file);
                 lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
                 let c = Compacted {
                     table,
@@ -152,6 +150,63 @@ impl Inner {
         if self.config.superseded_grace.is_zero() {
             self.finish_superseded(now, report);
         }
+    }
+}
+
+impl Inner {
+    pub(super) fn replace_partition(
+        &self,
+        table: Table,
+        date: &str,
+        batches: &[RecordBatch],
+    ) -> Result<PersistedFile, StoreError> {
+        let bad = |detail: String| StoreError::Derived { table: table.name(), date: date.to_owned(), detail };
+        if table.shipped() {
+            return Err(bad("only derived tables are replaced".into()));
+        }
+        let day = crate::fsutil::parse_day(date).ok_or_else(|| bad("not a YYYY-MM-DD date".into()))?;
+        let storage = batches
+            .iter()
+            .map(|b| to_storage(table, b))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        let sorted = persist::sort_by_day(table, &storage)?;
+        if sorted.iter().any(|(d, _)| *d != day) {
+            return Err(bad(format!("rows outside the day in column {}", table.time_column())));
+        }
+        let batch = match sorted.into_iter().next() {
+            Some((_, b)) => b,
+            None => RecordBatch::new_empty(storage_schema(table)),
+        };
+        let _one_at_a_time = lock(&self.maintain_lock);
+        let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
+        let staged = persist::stage_partition(&self.config.data_dir, table, date, &batch, &options)?;
+        let partition = staged.file.path.parent().map(PathBuf::from).unwrap_or_default();
+        // A previous replacement still in its grace: its old files go now, so the new
+        // journal cannot hide its record of them.
+        if partition.join(JOURNAL).exists() {
+            lock(&self.pending).retain(|p| p.partition != partition);
+            if let Err(e) = compact::finish(&partition) {
+                let _ = std::fs::remove_file(&staged.tmp);
+                return Err(e.into());
+            }
+        }
+        let inputs: Vec<PersistedFile> =
+            lock(&self.state).files.get(&table).into_iter().flatten().filter(|f| f.date == date).cloned().collect();
+        let plan = Plan { table, date: date.to_owned(), inputs };
+        compact::commit(&plan, &staged)?;
+        self.swap(&plan, &staged.file);
+        lock(&self.pending).push(Pending { due: Instant::now() + self.config.superseded_grace, partition });
+        Ok(staged.file)
+    }
+
+    /// Makes `output` visible in place of `plan.inputs`, in one step for readers.
+    fn swap(&self, plan: &Plan, output: &PersistedFile) {
+        let mut st = lock(&self.state);
+        let list = st.files.entry(plan.table).or_default();
+        list.retain(|f| !plan.inputs.iter().any(|i| i.path == f.path));
+        list.push(output.clone());
+        list.sort_by(|a, b| a.path.cmp(&b.path));
     }
 }
 

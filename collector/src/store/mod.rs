@@ -138,7 +138,7 @@ fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
 }
 
-const TABLES: [Table; 2] = [Table::GpuSamples, Table::GpuProcesses];
+const TABLES: [Table; 5] = Table::ALL;
 
 impl Store {
     /// Opens (or creates) the store in `config.data_dir`: finishes an interrupted
@@ -265,6 +265,19 @@ impl Store {
         self.inner.maintain(now_us, std::time::Instant::now())
     }
 
+    /// Replaces the whole `date` (UTC `YYYY-MM-DD`) partition of a derived table with
+    /// `batches` (in the table's [`Table::schema`]; every row's time column in that day).
+    /// Atomic for readers: they see the old files or the new one. Derived tables are
+    /// recomputed from stored samples, so they bypass the WAL.
+    pub fn replace_partition(
+        &self,
+        table: Table,
+        date: &str,
+        batches: &[RecordBatch],
+    ) -> Result<PersistedFile, StoreError> {
+        self.inner.replace_partition(table, date, batches)
+    }
+
     /// Batches in memory for `table` (storage schema), oldest first.
     pub fn snapshot(&self, table: Table) -> Vec<RecordBatch> {
         self.view(table).batches
@@ -320,6 +333,12 @@ impl Drop for Store {
 
 impl Inner {
     fn ingest(&self, req: IngestRequest<'_>) -> Result<IngestOutcome, IngestError> {
+        if !req.table.shipped() {
+            return Err(IngestError::BadRequest(format!(
+                "table {} is derived by the server and cannot be ingested",
+                req.table.name()
+            )));
+        }
         for (what, id) in [("agent id", req.agent), ("epoch", req.epoch)] {
             if id.is_empty() || id.len() > MAX_ID_LEN {
                 return Err(IngestError::BadRequest(format!("{what} must be 1 to {MAX_ID_LEN} bytes")));
