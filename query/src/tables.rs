@@ -29,6 +29,11 @@ pub const TABLES: &[TableDef] = &[
     TableDef { name: "gpu_cost_hourly", time_column: "hour", sort_order: &["gpu_uuid", "hour"] },
 ];
 
+/// The definition of `name`, if it is a table of the SQL API.
+pub fn table_def(name: &str) -> Option<&'static TableDef> {
+    TABLES.iter().find(|t| t.name == name)
+}
+
 #[cfg(test)]
 mod tests {
     use apron_collector::Table;
@@ -41,9 +46,4 @@ mod tests {
             assert_eq!(def.sort_order, ["gpu_uuid", t.time_column()]);
         }
     }
-}
-
-/// The definition of `name`, if it is a table of the SQL API.
-pub fn table_def(name: &str) -> Option<&'static TableDef> {
-    TABLES.iter().find(|t| t.name == name)
 }
