@@ -23,6 +23,15 @@ if ! python3 -c "import duckdb, pyarrow" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check "duckdb>=1.1" "pyarrow>=17"
 fi
 
+# A real S3-compatible server for the object-store storage root (query/tests/query.rs).
+# Built once into ~/.cache/apron-tools, outside the clone, so CI does not rebuild it
+# every run (the tests look there, or at $APRON_S3S_FS).
+S3S_FS="${APRON_S3S_FS:-$HOME/.cache/apron-tools/bin/s3s-fs}"
+if [ ! -x "$S3S_FS" ]; then
+  cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary --root "$HOME/.cache/apron-tools"
+fi
+
 prometheus --version 2>&1 | head -1
+"$S3S_FS" --version
 python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
 promtool --version 2>&1 | head -1

@@ -22,7 +22,7 @@
 //! (removed at start-up); after it, start-up finishes the rename and the deletions.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +30,7 @@ use apron_common::wire::Table;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, BooleanArray, RecordBatch, StringArray};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
+use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil::{self, MICROS_PER_DAY};
 use crate::persist::{PersistError, PersistOptions, PersistedFile, StagedFile, table_dir, writer_properties};
 use crate::schema::storage_schema;
+use crate::storage::Storage;
 
 /// The journal of a committed compaction, inside its partition directory.
 pub const JOURNAL: &str = ".compaction.json";
@@ -91,16 +93,15 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Per
     move |source| PersistError::Io { op, path: path.to_path_buf(), source }
 }
 
-fn open_reader(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, PersistError> {
-    let file = File::open(path).map_err(io_err("open", path))?;
-    Ok(ParquetRecordBatchReaderBuilder::try_new(file)?)
+fn open_reader(bytes: &Bytes) -> Result<ParquetRecordBatchReaderBuilder<Bytes>, PersistError> {
+    Ok(ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?)
 }
 
 /// Rows per GPU over all `inputs`, reading only the `gpu_uuid` column.
-fn rows_per_gpu(inputs: &[PersistedFile]) -> Result<BTreeMap<String, usize>, PersistError> {
+fn rows_per_gpu(inputs: &[Bytes]) -> Result<BTreeMap<String, usize>, PersistError> {
     let mut counts = BTreeMap::new();
     for f in inputs {
-        let builder = open_reader(&f.path)?;
+        let builder = open_reader(f)?;
         let index = builder.schema().index_of("gpu_uuid")?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
         for batch in builder.with_projection(mask).build()? {
@@ -149,9 +150,9 @@ fn may_overlap(rg: &RowGroupMetaData, column: usize, lo: &str, hi: &str) -> bool
     }
 }
 
-/// The rows of `path` whose GPU UUID is in `[lo, hi]`.
-fn read_range(path: &Path, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, PersistError> {
-    let builder = open_reader(path)?;
+/// The rows of file `bytes` whose GPU UUID is in `[lo, hi]`.
+fn read_range(bytes: &Bytes, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, PersistError> {
+    let builder = open_reader(bytes)?;
     let leaf = builder
         .parquet_schema()
         .columns()
@@ -181,14 +182,17 @@ fn read_range(path: &Path, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, Persi
 /// Merges `plan.inputs` into one sorted file, written under a hidden temp name in the
 /// partition directory (fsynced, not yet visible). On error nothing is left behind.
 pub fn merge(
-    data_dir: &Path,
+    storage: &Storage,
     plan: &Plan,
     options: &PersistOptions,
     max_rows_in_memory: usize,
 ) -> Result<StagedFile, PersistError> {
     let schema = storage_schema(plan.table);
-    for f in &plan.inputs {
-        let file_schema = open_reader(&f.path)?.schema().clone();
+    // Compressed inputs are held once (a day's worth is tens of MB per 100 GPUs); the
+    // decoded rows are what the GPU ranges bound.
+    let inputs = plan.inputs.iter().map(|f| storage.read(f)).collect::<Result<Vec<_>, _>>()?;
+    for (f, bytes) in plan.inputs.iter().zip(&inputs) {
+        let file_schema = open_reader(bytes)?.schema().clone();
         if file_schema.fields() != schema.fields() {
             return Err(PersistError::Arrow(arrow_schema::ArrowError::SchemaError(format!(
                 "{} does not have the current storage schema; not compacted",
@@ -196,19 +200,20 @@ pub fn merge(
             ))));
         }
     }
-    let dir = table_dir(data_dir, plan.table).join(format!("date={}", plan.date));
+    let dir = partition_dir(storage.data_dir(), plan.table, &plan.date);
+    fsutil::create_dir_durable(&dir).map_err(io_err("create directory", &dir))?;
     let id = uuid::Uuid::now_v7();
     let tmp = dir.join(format!(".{id}.parquet.tmp"));
     let path = dir.join(format!("{id}.parquet"));
     let result = (|| {
-        let counts = rows_per_gpu(&plan.inputs)?;
+        let counts = rows_per_gpu(&inputs)?;
         let file = fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(io_err("create", &tmp))?;
         let mut w = ArrowWriter::try_new(file, schema.clone(), Some(writer_properties(plan.table, options)?))?;
         let mut rows = 0;
         for (lo, hi) in gpu_ranges(&counts, max_rows_in_memory.max(1)) {
             let mut parts = Vec::new();
-            for f in &plan.inputs {
-                parts.extend(read_range(&f.path, &lo, &hi)?);
+            for bytes in &inputs {
+                parts.extend(read_range(bytes, &lo, &hi)?);
             }
             let all = arrow_select::concat::concat_batches(&schema, &parts)?;
             drop(parts);
@@ -238,10 +243,16 @@ fn file_name(p: &Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// Commits a merge: writes the journal (the commit point), renames the output into
-/// place. The inputs stay on disk, hidden from listings, until [`finish`].
-pub fn commit(plan: &Plan, staged: &StagedFile) -> Result<Journal, PersistError> {
-    let dir = partition_dir(&staged.file.path)?;
+/// The local directory of a partition (journals and temp files live there whatever
+/// the storage).
+pub fn partition_dir(data_dir: &Path, table: Table, date: &str) -> PathBuf {
+    table_dir(data_dir, table).join(format!("date={date}"))
+}
+
+/// Commits a merge: writes the journal (the commit point), publishes the output. The
+/// inputs stay, hidden from listings, until [`finish`].
+pub fn commit(storage: &Storage, plan: &Plan, staged: &StagedFile) -> Result<Journal, PersistError> {
+    let dir = partition_dir(storage.data_dir(), plan.table, &plan.date);
     let journal = Journal {
         inputs: plan.inputs.iter().map(|f| file_name(&f.path)).collect(),
         output_tmp: file_name(&staged.tmp),
@@ -257,43 +268,22 @@ pub fn commit(plan: &Plan, staged: &StagedFile) -> Result<Journal, PersistError>
         let _ = fs::remove_file(&staged.tmp);
         return Err(PersistError::Io { op: "write journal", path, source: e });
     }
-    complete_rename(dir, &journal)?;
+    storage.publish(&[(dir.join(&journal.output_tmp), dir.join(&journal.output))])?;
     Ok(journal)
 }
 
-fn partition_dir(p: &Path) -> Result<&Path, PersistError> {
-    p.parent().ok_or_else(|| PersistError::Io {
-        op: "find partition of",
-        path: p.to_path_buf(),
-        source: io::Error::other("no parent directory"),
-    })
-}
-
-fn complete_rename(dir: &Path, j: &Journal) -> Result<(), PersistError> {
-    let (tmp, out) = (dir.join(&j.output_tmp), dir.join(&j.output));
-    match fs::rename(&tmp, &out) {
-        Ok(()) => fsutil::sync_dir(dir).map_err(io_err("sync directory", dir)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound && out.exists() => Ok(()),
-        Err(e) => Err(PersistError::Io { op: "rename", path: tmp, source: e }),
-    }
-}
-
-/// Deletes a committed compaction's inputs, then its journal. Idempotent.
-pub fn finish(partition: &Path) -> Result<usize, PersistError> {
+/// Deletes a committed compaction's inputs, then its journal (`partition` is the local
+/// directory). Idempotent.
+pub fn finish(storage: &Storage, partition: &Path) -> Result<usize, PersistError> {
     let path = partition.join(JOURNAL);
     let Some(j) = read_journal(partition)? else { return Ok(0) };
-    complete_rename(partition, &j)?;
-    let mut removed = 0;
+    storage.publish(&[(partition.join(&j.output_tmp), partition.join(&j.output))])?;
     for name in &j.inputs {
-        match fs::remove_file(partition.join(name)) {
-            Ok(()) => removed += 1,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(PersistError::Io { op: "remove", path: partition.join(name), source: e }),
-        }
+        storage.remove(partition, name)?;
     }
     fsutil::sync_dir(partition).map_err(io_err("sync directory", partition))?;
     fs::remove_file(&path).map_err(io_err("remove", &path))?;
-    Ok(removed)
+    Ok(j.inputs.len())
 }
 
 /// The journal of a partition, if a compaction there is committed and not finished.
@@ -313,42 +303,30 @@ pub fn read_journal(partition: &Path) -> Result<Option<Journal>, PersistError> {
 /// Start-up: finishes every committed compaction of `table` (nothing reads yet, so the
 /// inputs can go at once). Must run before temp files are removed: an output may still
 /// have its temp name. Returns the number of partitions finished.
-pub fn recover(data_dir: &Path, table: Table) -> Result<usize, PersistError> {
+pub fn recover(storage: &Storage, table: Table) -> Result<usize, PersistError> {
     let mut n = 0;
-    for (_, dir) in crate::persist::partitions(data_dir, table)? {
+    for (_, dir) in crate::persist::partitions(storage.data_dir(), table)? {
         if dir.join(JOURNAL).exists() {
-            finish(&dir)?;
+            finish(storage, &dir)?;
             n += 1;
         }
     }
     Ok(n)
 }
 
-/// Partitions of `table` whose day ended `retention_us` or more before `now_us`.
-pub fn expired(
-    data_dir: &Path,
-    table: Table,
-    now_us: i64,
-    retention_us: i64,
-) -> Result<Vec<(String, PathBuf)>, PersistError> {
-    let mut out = Vec::new();
-    for (date, dir) in crate::persist::partitions(data_dir, table)? {
-        let Some(day) = fsutil::parse_day(&date) else { continue };
-        let end = (day + 1).saturating_mul(MICROS_PER_DAY);
-        if end.saturating_add(retention_us) <= now_us {
-            out.push((date, dir));
-        }
-    }
-    Ok(out)
-}
-
-/// Removes a whole partition directory (retention).
-pub fn drop_partition(dir: &Path) -> Result<(), PersistError> {
-    fs::remove_dir_all(dir).map_err(io_err("remove partition", dir))?;
-    if let Some(parent) = dir.parent() {
-        fsutil::sync_dir(parent).map_err(io_err("sync directory", parent))?;
-    }
-    Ok(())
+/// The dates among `dates` whose day ended `retention_us` or more before `now_us`.
+pub fn expired<'a>(dates: impl IntoIterator<Item = &'a str>, now_us: i64, retention_us: i64) -> Vec<String> {
+    let mut out: Vec<String> = dates
+        .into_iter()
+        .filter(|date| {
+            fsutil::parse_day(date)
+                .is_some_and(|day| (day + 1).saturating_mul(MICROS_PER_DAY).saturating_add(retention_us) <= now_us)
+        })
+        .map(str::to_owned)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 #[cfg(test)]

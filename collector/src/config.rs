@@ -52,6 +52,9 @@ pub struct StoreConfig {
     /// Derived tables (`gpu_samples_1m`, `allocations`, `gpu_cost_hourly`).
     #[serde(deserialize_with = "humantime_duration")]
     pub retention_derived: Duration,
+    /// Keep the published Parquet files in an S3-compatible bucket instead of
+    /// `data_dir` (which still holds the WAL, the checkpoint and files being written).
+    pub object_store: Option<crate::storage::ObjectStoreConfig>,
 }
 
 impl Default for StoreConfig {
@@ -72,6 +75,7 @@ impl Default for StoreConfig {
             superseded_grace: Duration::from_secs(300),
             retention_raw: Duration::from_secs(30 * 86_400),
             retention_derived: Duration::from_secs(400 * 86_400),
+            object_store: None,
         }
     }
 }

@@ -121,6 +121,8 @@ pub enum StoreError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Persist(#[from] PersistError),
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
     /// A WAL record passed its checksum but could not be applied (written by an
     /// incompatible build?). Start-up stops rather than drop acknowledged data.
     #[error("replaying the WAL: record {agent}/{epoch}/{sequence} for table {table:?}: {detail}")]

@@ -46,6 +46,7 @@ pub mod ipc_guard;
 pub mod memtable;
 pub mod persist;
 pub mod schema;
+pub mod storage;
 pub mod store;
 pub mod wal;
 
@@ -57,6 +58,7 @@ pub use config::StoreConfig;
 pub use error::{IngestError, StoreError};
 pub use memtable::TableStats;
 pub use persist::PersistedFile;
+pub use storage::{ObjectStoreConfig, Storage, StorageError};
 pub use store::{
     Compacted, IngestOutcome, IngestRequest, MaintenanceReport, OpenReport, PersistReport, Store, TableView,
 };

@@ -115,7 +115,16 @@ impl ApronTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let url = ObjectStoreUrl::local_filesystem();
+        let remote = self.source.object_store();
+        let url = match &remote {
+            Some((url, store)) => {
+                let url = ObjectStoreUrl::parse(url)?;
+                // Idempotent; registered here so every session over this source has it.
+                state.runtime_env().register_object_store(url.as_ref(), store.clone());
+                url
+            }
+            None => ObjectStoreUrl::local_filesystem(),
+        };
         let mut source = ParquetSource::new(self.schema.clone())
             .with_table_parquet_options(state.table_options().parquet.clone())
             // Evaluate filters while decoding (late materialisation), cheapest first,
@@ -136,8 +145,12 @@ impl ApronTable {
 
         let mut parts = Vec::with_capacity(files.len());
         for f in files {
-            let path = std::path::absolute(&f.path).map_err(DataFusionError::IoError)?;
-            let location = ObjectPath::from_absolute_path(&path).map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let location = if remote.is_some() {
+                ObjectPath::from(f.path.to_string_lossy().as_ref())
+            } else {
+                let path = std::path::absolute(&f.path).map_err(DataFusionError::IoError)?;
+                ObjectPath::from_absolute_path(&path).map_err(|e| DataFusionError::External(Box::new(e)))?
+            };
             let mut pf = PartitionedFile::new(String::new(), f.bytes);
             pf.object_meta.location = location;
             parts.push(pf);

@@ -4,12 +4,14 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use apron_collector::persist::{self, PersistError};
 use apron_collector::schema::storage_schema;
 use apron_collector::{PersistedFile, Store, Table};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::object_store::ObjectStore;
 
 /// One persisted Parquet file of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +56,12 @@ pub trait TableSource: Send + Sync + fmt::Debug {
 
     /// The table's data now.
     fn snapshot(&self, table: &str) -> Result<TableSnapshot, SourceError>;
+
+    /// The object store the files live in and its URL (`s3://bucket`), in which each
+    /// [`DataFile::path`] is then a key; `None` (the default) for local paths.
+    fn object_store(&self) -> Option<(String, Arc<dyn ObjectStore>)> {
+        None
+    }
 }
 
 fn data_files(files: Vec<PersistedFile>) -> Vec<DataFile> {
@@ -71,6 +79,10 @@ impl TableSource for Store {
         let Some(t) = Table::from_name(table) else { return Ok(TableSnapshot::default()) };
         let view = self.view(t);
         Ok(TableSnapshot { batches: view.batches, files: data_files(view.files) })
+    }
+
+    fn object_store(&self) -> Option<(String, Arc<dyn ObjectStore>)> {
+        Store::object_store(self)
     }
 }
 

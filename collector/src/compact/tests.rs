@@ -1,6 +1,10 @@
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Decimal128Type, TimestampMicrosecondType};
 
+use std::fs::File;
+
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
 use super::*;
 use crate::persist::{list_files, publish, stage_table};
 use crate::schema::to_storage;
@@ -30,6 +34,10 @@ fn keyed_rows(b: &RecordBatch) -> Vec<(String, i64, i128)> {
     (0..b.num_rows()).map(|i| (gpu.value(i).to_owned(), time.value(i), util.value(i))).collect()
 }
 
+fn local(dir: &Path) -> Storage {
+    Storage::Local { data_dir: dir.to_path_buf() }
+}
+
 const POLICY: Policy = Policy { delay_us: 3_600_000_000, max_files: 48 };
 
 #[test]
@@ -47,13 +55,13 @@ fn merges_a_partition_into_one_sorted_file_with_bounded_memory() {
     let plans = plan(&before, MIDNIGHT + 86_400_000_000 + 3_600_000_000, POLICY);
     assert_eq!(plans.len(), 1);
     // 250 rows in memory at most: 12 GPUs × 100 rows come through in ranges of 2 GPUs.
-    let staged =
-        merge(dir.path(), &plans[0], &PersistOptions { row_group_rows: 128, zstd_level: 3 }, 250).expect("merge");
+    let staged = merge(&local(dir.path()), &plans[0], &PersistOptions { row_group_rows: 128, zstd_level: 3 }, 250)
+        .expect("merge");
     assert_eq!(staged.rows, 1200);
     assert!(staged.tmp.exists() && !staged.file.path.exists(), "nothing visible before the commit");
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list").len(), 3);
 
-    let journal = commit(&plans[0], &staged).expect("commit");
+    let journal = commit(&local(dir.path()), &plans[0], &staged).expect("commit");
     assert_eq!(journal.inputs.len(), 3);
     let after = list_files(dir.path(), Table::GpuSamples).expect("list");
     assert_eq!(after, vec![staged.file.clone()], "the inputs are hidden once committed");
@@ -70,10 +78,10 @@ fn merges_a_partition_into_one_sorted_file_with_bounded_memory() {
     assert!(meta.row_groups().iter().all(|rg| rg.num_rows() <= 128 && rg.sorting_columns().is_some()));
 
     let partition = staged.file.path.parent().expect("dir");
-    assert_eq!(finish(partition).expect("finish"), 3);
+    assert_eq!(finish(&local(dir.path()), partition).expect("finish"), 3);
     assert!(before.iter().all(|f| !f.path.exists()));
     assert!(!partition.join(JOURNAL).exists());
-    assert_eq!(finish(partition).expect("idempotent"), 0);
+    assert_eq!(finish(&local(dir.path()), partition).expect("idempotent"), 0);
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), vec![staged.file]);
 }
 
@@ -103,7 +111,7 @@ fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
     }
     let before = list_files(dir.path(), Table::GpuSamples).expect("list");
     let p = &plan(&before, i64::MAX, POLICY)[0];
-    let staged = merge(dir.path(), p, &PersistOptions::default(), 1_000).expect("merge");
+    let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000).expect("merge");
     let partition = staged.file.path.parent().expect("dir").to_path_buf();
 
     // Uncommitted (crash before the journal): start-up removes the orphan temp file.
@@ -111,7 +119,7 @@ fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), before);
 
     // Committed, crash before the rename: the journal exists, the output is a temp file.
-    let staged = merge(dir.path(), p, &PersistOptions::default(), 1_000).expect("merge");
+    let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000).expect("merge");
     let j = Journal {
         inputs: p.inputs.iter().map(|f| file_name(&f.path)).collect(),
         output_tmp: file_name(&staged.tmp),
@@ -119,7 +127,7 @@ fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
     };
     fsutil::write_atomic(&partition.join(JOURNAL), &serde_json::to_vec(&j).expect("json")).expect("journal");
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), Vec::new(), "inputs hidden, output not yet");
-    assert_eq!(recover(dir.path(), Table::GpuSamples).expect("recover"), 1);
+    assert_eq!(recover(&local(dir.path()), Table::GpuSamples).expect("recover"), 1);
     let after = list_files(dir.path(), Table::GpuSamples).expect("list");
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].path, staged.file.path);
@@ -128,17 +136,12 @@ fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
 }
 
 #[test]
-fn retention_finds_partitions_past_their_age() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    persist_one(dir.path(), 1, 0, 5, 100);
+fn retention_finds_days_past_their_age() {
     let day_end = MIDNIGHT + 86_400_000_000;
     let thirty_days = 30 * 86_400_000_000;
-    assert!(expired(dir.path(), Table::GpuSamples, day_end + thirty_days - 1, thirty_days).expect("list").is_empty());
-    let gone = expired(dir.path(), Table::GpuSamples, day_end + thirty_days, thirty_days).expect("list");
-    assert_eq!(gone.len(), 1);
-    assert_eq!(gone[0].0, "2026-11-19");
-    drop_partition(&gone[0].1).expect("drop");
-    assert!(list_files(dir.path(), Table::GpuSamples).expect("list").is_empty());
+    let dates = ["2026-11-19", "2026-11-20", "2026-11-19", "not-a-date"];
+    assert!(expired(dates, day_end + thirty_days - 1, thirty_days).is_empty());
+    assert_eq!(expired(dates, day_end + thirty_days, thirty_days), vec!["2026-11-19".to_owned()]);
 }
 
 #[test]

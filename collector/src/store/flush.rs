@@ -99,16 +99,17 @@ impl Inner {
             progress.committed = true;
         }
         let pairs: Vec<(PathBuf, PathBuf)> = staged.iter().map(|s| (s.tmp.clone(), s.file.path.clone())).collect();
-        persist::publish(&pairs)?;
+        self.storage.publish(&pairs)?;
+        let published: Vec<PersistedFile> = staged.iter().map(|s| self.storage.published(s.file.clone())).collect();
         {
             let mut st = lock(&self.state);
-            for s in &staged {
-                st.files.entry(s.file.table).or_default().push(s.file.clone());
+            for f in &published {
+                st.files.entry(f.table).or_default().push(f.clone());
             }
             st.frozen = None;
         }
         report.rows += staged.iter().map(|s| s.rows).sum::<usize>();
-        report.files.extend(staged.iter().map(|s| s.file.clone()));
+        report.files.extend(published);
         // From here on, failures are harmless: the checkpoint already marks these
         // segments as persisted, so start-up skips and deletes them.
         match self.wal.truncate_through(f.wal_through) {

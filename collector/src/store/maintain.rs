@@ -67,7 +67,7 @@ impl Inner {
             due
         };
         for p in due {
-            match compact::finish(&p.partition) {
+            match compact::finish(&self.storage, &p.partition) {
                 Ok(n) => report.superseded_removed += n,
                 Err(e) => {
                     report.errors.push(e.to_string());
@@ -82,18 +82,19 @@ impl Inner {
         for table in TABLES {
             let retention = if table.shipped() { self.config.retention_raw } else { self.config.retention_derived };
             let retention = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
-            let expired = match compact::expired(data, table, now_us, retention) {
-                Ok(e) => e,
-                Err(e) => {
-                    report.errors.push(e.to_string());
-                    continue;
-                }
-            };
-            for (date, dir) in expired {
+            // Published files' partitions and local ones (journals, temp files).
+            let mut dates: Vec<String> =
+                lock(&self.state).files.get(&table).into_iter().flatten().map(|f| f.date.clone()).collect();
+            match crate::persist::partitions(data, table) {
+                Ok(local) => dates.extend(local.into_iter().map(|(d, _)| d)),
+                Err(e) => report.errors.push(e.to_string()),
+            }
+            for date in compact::expired(dates.iter().map(String::as_str), now_us, retention) {
                 // Out of every listing first, then off the disk.
                 lock(&self.state).files.entry(table).or_default().retain(|f| f.date != date);
+                let dir = compact::partition_dir(data, table, &date);
                 lock(&self.pending).retain(|p| p.partition != dir);
-                match compact::drop_partition(&dir) {
+                match self.storage.drop_partition(table, &date) {
                     Ok(()) => report.expired.push((table, date)),
                     Err(e) => report.errors.push(e.to_string()),
                 }
@@ -110,13 +111,13 @@ impl Inner {
         for table in TABLES {
             let files = lock(&self.state).files.get(&table).cloned().unwrap_or_default();
             for plan in compact::plan(&files, now_us, policy) {
-                let Some(partition) = plan.inputs[0].path.parent().map(PathBuf::from) else { continue };
+                let partition = compact::partition_dir(&self.config.data_dir, table, &plan.date);
                 if partition.join(JOURNAL).exists() {
                     continue; // the last merge's inputs are still in their grace
                 }
                 let started = Instant::now();
-                let result = compact::merge(&self.config.data_dir, &plan, &options, self.config.compaction_memory_rows)
-                    .and_then(|staged| compact::commit(&plan, &staged).map(|_| staged));
+                let result = compact::merge(&self.storage, &plan, &options, self.config.compaction_memory_rows)
+                    .and_then(|staged| compact::commit(&self.storage, &plan, &staged).map(|_| staged));
                 let staged = match result {
                     Ok(s) => s,
                     Err(e) => {
@@ -124,7 +125,8 @@ impl Inner {
                         continue;
                     }
                 };
-                self.swap(&plan, &staged.file);
+                let output = self.storage.published(staged.file.clone());
+                self.swap(&plan, &output);
                 lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
                 let c = Compacted {
                     table,
@@ -132,7 +134,7 @@ impl Inner {
                     inputs: plan.inputs.len(),
                     rows: staged.rows,
                     bytes_before: plan.inputs.iter().map(|f| f.bytes).sum(),
-                    bytes_after: staged.file.bytes,
+                    bytes_after: output.bytes,
                 };
                 tracing::info!(
                     table = table.name(),
@@ -181,12 +183,12 @@ impl Inner {
         let _one_at_a_time = lock(&self.maintain_lock);
         let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
         let staged = persist::stage_partition(&self.config.data_dir, table, date, &batch, &options)?;
-        let partition = staged.file.path.parent().map(PathBuf::from).unwrap_or_default();
+        let partition = compact::partition_dir(&self.config.data_dir, table, date);
         // A previous replacement still in its grace: its old files go now, so the new
         // journal cannot hide its record of them.
         if partition.join(JOURNAL).exists() {
             lock(&self.pending).retain(|p| p.partition != partition);
-            if let Err(e) = compact::finish(&partition) {
+            if let Err(e) = compact::finish(&self.storage, &partition) {
                 let _ = std::fs::remove_file(&staged.tmp);
                 return Err(e.into());
             }
@@ -194,10 +196,11 @@ impl Inner {
         let inputs: Vec<PersistedFile> =
             lock(&self.state).files.get(&table).into_iter().flatten().filter(|f| f.date == date).cloned().collect();
         let plan = Plan { table, date: date.to_owned(), inputs };
-        compact::commit(&plan, &staged)?;
-        self.swap(&plan, &staged.file);
+        compact::commit(&self.storage, &plan, &staged)?;
+        let output = self.storage.published(staged.file);
+        self.swap(&plan, &output);
         lock(&self.pending).push(Pending { due: Instant::now() + self.config.superseded_grace, partition });
-        Ok(staged.file)
+        Ok(output)
     }
 
     /// Makes `output` visible in place of `plan.inputs`, in one step for readers.
@@ -211,8 +214,8 @@ impl Inner {
 }
 
 /// Start-up: finishes compactions a crash interrupted (before temp files are cleared).
-pub(super) fn recover(data: &std::path::Path) -> Result<usize, PersistError> {
-    TABLES.into_iter().map(|t| compact::recover(data, t)).sum()
+pub(super) fn recover(storage: &crate::storage::Storage) -> Result<usize, PersistError> {
+    TABLES.into_iter().map(|t| compact::recover(storage, t)).sum()
 }
 
 pub(super) fn spawn_background(inner: Arc<Inner>) -> io::Result<JoinHandle<()>> {

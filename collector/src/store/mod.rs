@@ -103,6 +103,7 @@ struct Signal {
 
 struct Inner {
     config: StoreConfig,
+    storage: crate::storage::Storage,
     wal: Wal,
     gate: RwLock<()>,
     state: Mutex<State>,
@@ -158,12 +159,13 @@ impl Store {
         let dir_lock = lock::DirLock::acquire(&data)?;
         let mut report = OpenReport::default();
 
+        let storage = crate::storage::Storage::open(&data, config.object_store.as_ref())?;
         let checkpoint = Checkpoint::load(&data)?.unwrap_or_else(|| Checkpoint::new(0, Vec::new(), Default::default()));
         let renames = absolute(&data, &checkpoint.publish);
         report.renames_completed = renames.iter().filter(|(from, _)| from.exists()).count();
-        persist::publish(&renames)?;
+        storage.publish(&renames)?;
         // Before temp files go: a committed compaction's output may still be one.
-        report.compactions_finished = maintain::recover(&data)?;
+        report.compactions_finished = maintain::recover(&storage)?;
         for t in TABLES {
             report.temp_files_removed += persist::remove_temp_files(&data, t)?;
         }
@@ -204,7 +206,7 @@ impl Store {
         wal.truncate_through(checkpoint.wal_through)?;
         let mut files = HashMap::new();
         for t in TABLES {
-            files.insert(t, persist::list_files(&data, t)?);
+            files.insert(t, storage.list(t)?);
         }
         tracing::info!(
             data_dir = %data.display(),
@@ -215,6 +217,7 @@ impl Store {
 
         let inner = Arc::new(Inner {
             config,
+            storage,
             wal,
             gate: RwLock::new(()),
             state: Mutex::new(State { active, frozen: None, files }),
@@ -316,6 +319,12 @@ impl Store {
 
     pub fn data_dir(&self) -> &Path {
         &self.inner.config.data_dir
+    }
+
+    /// Where the published files are: `None` for the data directory, else the object
+    /// store and its URL (`s3://bucket`), in which each [`PersistedFile::path`] is a key.
+    pub fn object_store(&self) -> Option<(String, Arc<dyn object_store::ObjectStore>)> {
+        self.inner.storage.object_store()
     }
 }
 
