@@ -822,3 +822,29 @@ pub fn import_skypilot_csv(text: &str, opts: &SkyPilotImport) -> Result<SkyPilot
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod example_book {
+    use super::*;
+
+    /// The book `apron up` ships with parses and prices the simulated fleet's models.
+    #[test]
+    fn the_example_price_book_prices_every_simulated_model() {
+        let book = PriceBook::from_toml(include_str!("../../deploy/pricebook.example.toml")).expect("parses");
+        assert_eq!(book.version(), "example-2026-12");
+        let t = 20_789 * 86_400_000_000; // 2026-12-02
+        let price = |model: &str, cluster: Option<&str>| match book
+            .price_at(&GpuKey { model_name: model, mig_profile: None, cluster }, t)
+            .expect("lookup")
+        {
+            Lookup::Priced(q) => q.usd_per_gpu_hour,
+            Lookup::Unpriced(u) => panic!("{model}: {u:?}"),
+        };
+        // 37500/(4×8760) = 1.070205…, 1.25 kW × 1.3 × 0.10 = 0.1625, ×1.25 overhead: 1.540881.
+        assert_eq!(price("NVIDIA H100 80GB HBM3", None), Micros(1_540_881));
+        assert_eq!(price("NVIDIA H100 80GB HBM3", Some("aws-us-east-1")), Micros(12_290_000));
+        assert_eq!(price("NVIDIA A100-SXM4-80GB", None), Micros(1_790_000));
+        assert_eq!(price("NVIDIA A100-SXM4-40GB", None), Micros(1_290_000));
+        assert_eq!(price("NVIDIA L4", None), Micros(800_000));
+    }
+}

@@ -40,6 +40,7 @@ use crate::error::QueryError;
 use crate::provider::ApronTable;
 use crate::readonly;
 use crate::render::QueryResult;
+use crate::rollup::{self, RollupTable};
 use crate::source::TableSource;
 use crate::tables::TABLES;
 
@@ -80,6 +81,18 @@ impl std::fmt::Debug for QueryEngine {
 impl QueryEngine {
     /// Builds the session and registers every table of [`TABLES`] that `source` holds.
     pub fn new(config: QueryConfig, source: Arc<dyn TableSource>) -> Result<QueryEngine, QueryError> {
+        QueryEngine::with_rollup_state(config, source, None)
+    }
+
+    /// [`QueryEngine::new`], with the materializer's record of what each stored
+    /// `gpu_samples_1m` day read (`<data_dir>/derived/rollup.json`, see
+    /// [`crate::rollup`]): stored days that raw data has changed since are then computed
+    /// live instead. Without it, stored days are trusted.
+    pub fn with_rollup_state(
+        config: QueryConfig,
+        source: Arc<dyn TableSource>,
+        rollup_state: Option<std::path::PathBuf>,
+    ) -> Result<QueryEngine, QueryError> {
         let df_err = |e| QueryError::from_datafusion(e, config.memory_limit_bytes);
         let mut session = SessionConfig::new()
             // `SHOW TABLES`, `SHOW COLUMNS`, information_schema.* for clients and BI tools.
@@ -113,7 +126,15 @@ impl QueryEngine {
         let mut tables = Vec::new();
         for def in TABLES {
             let Some(schema) = source.schema(def.name) else { continue };
-            ctx.register_table(def.name, Arc::new(ApronTable::new(def, schema, source.clone()))).map_err(df_err)?;
+            if def.name == rollup::NAME {
+                // Stored minutes where current, the rest live from gpu_samples.
+                let Some(t) = RollupTable::new(source.clone(), rollup_state.clone()).map_err(df_err)? else {
+                    continue;
+                };
+                ctx.register_table(def.name, Arc::new(t)).map_err(df_err)?;
+            } else {
+                ctx.register_table(def.name, Arc::new(ApronTable::new(def, schema, source.clone()))).map_err(df_err)?;
+            }
             tables.push(def.name);
         }
         let threads = match config.target_partitions {
@@ -155,6 +176,25 @@ impl QueryEngine {
     /// Runs one SQL statement (a query) under the configured limits. Call it from any
     /// tokio runtime; the work runs on the engine's own.
     pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
+        self.execute_capped(sql, Some(self.inner.config.max_result_rows)).await
+    }
+
+    /// The `gpu_samples_1m` rows of `minutes`, computed from `gpu_samples` alone (never
+    /// from stored rollup rows), in the storage types (extremes as decimals/integers):
+    /// what the materializer stores. Runs under the engine's limits except the result
+    /// row cap.
+    pub async fn rollup(&self, minutes: rollup::Minutes) -> Result<QueryResult, QueryError> {
+        self.execute_capped(&rollup::rollup_sql(minutes), None).await
+    }
+
+    /// Runs a query of the server's own (the cost ledger, the weekly report) under the
+    /// engine's read-only checks, timeout and memory limit but without the result-row
+    /// cap, which is there for clients.
+    pub async fn execute_internal(&self, sql: &str) -> Result<QueryResult, QueryError> {
+        self.execute_capped(sql, None).await
+    }
+
+    async fn execute_capped(&self, sql: &str, max_rows: Option<usize>) -> Result<QueryResult, QueryError> {
         let config = &self.inner.config;
         let waiting = Instant::now();
         let permit = match tokio::time::timeout(config.queue_timeout, self.slots.clone().acquire_owned()).await {
@@ -176,7 +216,7 @@ impl QueryEngine {
         let mut task = runtime.spawn(async move {
             // The slot is held until the query has really stopped.
             let _permit = permit;
-            inner.run(&sql).await
+            inner.run(&sql, max_rows).await
         });
         // Also cancels the query when the caller goes away (client disconnected).
         let _cancel = AbortOnDrop(task.abort_handle());
@@ -217,7 +257,7 @@ impl Inner {
         Ok(SessionStateBuilder::new_from_existing(self.base.clone()).with_runtime_env(runtime).build())
     }
 
-    async fn run(&self, sql: &str) -> Result<QueryResult, QueryError> {
+    async fn run(&self, sql: &str, max_rows: Option<usize>) -> Result<QueryResult, QueryError> {
         let lim = self.config.memory_limit_bytes;
         let df_err = |e| QueryError::from_datafusion(e, lim);
         let state = self.query_state()?;
@@ -229,7 +269,7 @@ impl Inner {
 
         let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;
         let schema = stream.schema();
-        let max = self.config.max_result_rows;
+        let max = max_rows.unwrap_or(0);
         let (mut batches, mut rows) = (Vec::new(), 0usize);
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(df_err)?;

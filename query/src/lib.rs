@@ -38,6 +38,7 @@ pub mod provider;
 pub mod prune;
 pub mod readonly;
 pub mod render;
+pub mod rollup;
 pub mod source;
 pub mod tables;
 

@@ -15,6 +15,13 @@
 //! [storage]                          # apron_collector::StoreConfig
 //! data_dir = "/var/lib/apron"
 //! persist_interval = "10m"
+//!
+//! [rollup]                           # gpu_samples_1m materializer (crate::derive)
+//! [cost]                             # the cost ledger (crate::ledger): price_book, interval
+//! [cost.classify]                    # idle thresholds, stranded_after (+ overrides)
+//! [cost.teams]                       # team maps, workload-kind and interruptible rules
+//! enabled = true
+//! interval = "1m"
 //! ```
 
 use std::net::SocketAddr;
@@ -25,6 +32,8 @@ use apron_collector::StoreConfig;
 use apron_collector::http::IngestOptions;
 use apron_query::QueryConfig;
 use serde::Deserialize;
+
+pub use crate::derive::RollupConfig;
 
 /// The server's default listen address: the contract's port, loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";
@@ -62,6 +71,12 @@ pub struct FileConfig {
     /// Limits of the SQL layer (`apron_query::QueryConfig`).
     #[serde(default)]
     pub query: QueryConfig,
+    /// The `gpu_samples_1m` materializer.
+    #[serde(default)]
+    pub rollup: RollupConfig,
+    /// The cost ledger: price book, thresholds, team maps (`crate::ledger`).
+    #[serde(default)]
+    pub cost: crate::ledger::CostConfig,
 }
 
 /// Who may run SQL (`POST /api/v1/sql`). Without a token the endpoint refuses every
@@ -118,6 +133,8 @@ pub struct ServeConfig {
     pub query: QueryConfig,
     /// Accepted SQL bearer tokens; empty: SQL is refused.
     pub sql_tokens: Vec<String>,
+    pub rollup: RollupConfig,
+    pub cost: crate::ledger::CostConfig,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -231,6 +248,8 @@ impl FileConfig {
             ingest: IngestOptions { tokens, max_body_bytes, clock_skew_threshold, max_concurrent },
             query: self.query,
             sql_tokens,
+            rollup: self.rollup,
+            cost: self.cost,
         })
     }
 }

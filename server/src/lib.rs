@@ -20,6 +20,9 @@
 
 pub mod backfill;
 pub mod config;
+pub mod derive;
+pub mod ledger;
+pub mod report;
 pub mod sql;
 pub mod up;
 
@@ -71,6 +74,8 @@ pub enum ServerError {
     Agent(String),
     #[error("cannot start the SQL engine: {0}")]
     Query(String),
+    #[error("the cost ledger: {0}")]
+    Cost(String),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
@@ -93,11 +98,26 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     )
 }
 
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The store and the HTTP routes over it.
 pub struct Server {
     store: Arc<Store>,
     ingest: IngestState,
     sql: Router,
+    engine: Arc<QueryEngine>,
+    rollup: derive::RollupConfig,
+    ledger: Option<Arc<ledger::Ledger>>,
+    cost_metrics: ledger::CostMetrics,
+    reports: Router,
+    sql_auth: SqlAuth,
 }
 
 impl std::fmt::Debug for Server {
@@ -127,14 +147,74 @@ impl Server {
                 "recovered the store"
             );
         }
-        let ingest = IngestState::new(store.clone(), ingest, Registry::default())?;
-        let engine = QueryEngine::new(query, store.clone()).map_err(|e| ServerError::Query(e.to_string()))?;
-        let sql = sql::router(Arc::new(engine), sql_auth);
-        Ok(Server { store, ingest, sql })
+        let cost_metrics = ledger::CostMetrics::default();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(cost_metrics.clone()));
+        let ingest = IngestState::new(store.clone(), ingest, registry)?;
+        // The rollup's state file tells the engine which stored gpu_samples_1m days are
+        // current (see derive).
+        let state = store.data_dir().join(apron_query::rollup::STATE_FILE);
+        let engine = QueryEngine::with_rollup_state(query, store.clone(), Some(state))
+            .map_err(|e| ServerError::Query(e.to_string()))?;
+        let engine = Arc::new(engine);
+        let sql = sql::router(engine.clone(), sql_auth.clone());
+        let reports = report::router(engine.clone(), None, store.data_dir().to_path_buf(), sql_auth.clone());
+        Ok(Server {
+            store,
+            ingest,
+            sql,
+            engine,
+            rollup: derive::RollupConfig::default(),
+            ledger: None,
+            cost_metrics,
+            reports,
+            sql_auth,
+        })
+    }
+
+    /// The `gpu_samples_1m` materializer's settings (default: on, every minute).
+    pub fn with_rollup(mut self, rollup: derive::RollupConfig) -> Server {
+        self.rollup = rollup;
+        self
+    }
+
+    /// Turns the cost ledger on (when `cost.enabled`): loads the price book (an invalid
+    /// one is an error, not a silent $0) and serves reports with it.
+    pub fn with_cost(mut self, cost: ledger::CostConfig) -> Result<Server, ServerError> {
+        if !cost.enabled {
+            self.ledger = None;
+            return Ok(self);
+        }
+        let l = ledger::Ledger::new(self.store.clone(), self.engine.clone(), cost).map_err(ServerError::Cost)?;
+        let l = Arc::new(l);
+        self.reports = report::router(
+            self.engine.clone(),
+            Some(l.clone()),
+            self.store.data_dir().to_path_buf(),
+            self.sql_auth.clone(),
+        );
+        self.ledger = Some(l);
+        Ok(self)
+    }
+
+    /// The cost ledger, when turned on ([`Server::with_cost`]).
+    pub fn ledger(&self) -> Option<&Arc<ledger::Ledger>> {
+        self.ledger.as_ref()
+    }
+
+    /// The materializer over this server's store and engine (run by [`Server::run`]
+    /// when enabled; tests call its passes directly).
+    pub fn materializer(&self) -> derive::Materializer {
+        derive::Materializer::new(self.store.clone(), self.engine.clone())
     }
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// The SQL engine the routes use.
+    pub fn engine(&self) -> &Arc<QueryEngine> {
+        &self.engine
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops accepting, lets the
@@ -147,8 +227,16 @@ impl Server {
     ) -> Result<(), ServerError> {
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
         tracing::info!("serving http://{addr} (POST /api/v1/ingest, POST /api/v1/sql, GET /metrics, GET /healthz)");
+        let materializer = self.rollup.enabled.then(|| {
+            tracing::info!(interval = ?self.rollup.interval, "gpu_samples_1m materializer started");
+            AbortOnDrop(tokio::spawn(Arc::new(self.materializer()).run(self.rollup.interval)))
+        });
+        let ledger = self.ledger.clone().map(|l| {
+            tracing::info!("cost ledger started");
+            AbortOnDrop(tokio::spawn(l.run(self.cost_metrics.clone())))
+        });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let router = app(self.ingest.clone(), self.sql.clone());
+        let router = app(self.ingest.clone(), self.sql.clone().merge(self.reports.clone()));
         let mut serving = tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {
@@ -182,6 +270,10 @@ impl Server {
             }
         };
 
+        // A pass in flight stops here; a partition it was writing completes or is not
+        // recorded (then re-rolled at the next start).
+        drop(materializer);
+        drop(ledger);
         let store = self.store.clone();
         let persisted = tokio::task::spawn_blocking(move || store.persist_now())
             .await

@@ -59,6 +59,28 @@ enum Command {
         #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// The weekly idle-cost report for finance, from a data directory's stored
+    /// gpu_cost_hourly (what `apron up` / `apron serve` computed) or from a server.
+    Report {
+        /// ISO week, e.g. 2026-W48 (UTC). Default: the last finished week.
+        #[arg(long)]
+        week: Option<String>,
+        #[arg(long, value_enum, default_value_t = apron::report::ReportFormat::Html)]
+        format: apron::report::ReportFormat,
+        /// Directory to write the report file(s) into.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+        /// The data directory (its stored reports are reused unless --recompute).
+        #[arg(long, env = "APRON_DATA", default_value = DEFAULT_DATA_DIR)]
+        data: PathBuf,
+        /// Price book for the report's price table and version stamp (default: the one
+        /// `apron up` wrote into the data directory, if any).
+        #[arg(long)]
+        price_book: Option<PathBuf>,
+        /// Rebuild a stored week and print what changed.
+        #[arg(long)]
+        recompute: bool,
+    },
     /// All in one on this machine: the server and an agent on the local GPUs (or a
     /// simulated fleet), on loopback.
     Up {
@@ -113,20 +135,27 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on {}", config.listen))?;
                 let addr = listener.local_addr()?;
-                let (store, ingest, query) = (config.store, config.ingest, config.query);
+                let (store, ingest, query, rollup, cost) =
+                    (config.store, config.ingest, config.query, config.rollup, config.cost);
                 let tokens: Vec<Box<[u8]>> =
                     config.sql_tokens.iter().map(|t| t.as_bytes().to_vec().into_boxed_slice()).collect();
                 if tokens.is_empty() {
                     tracing::warn!("no SQL token configured ([sql] tokens or APRON_SQL_TOKEN): POST /api/v1/sql refuses every request");
                 }
                 let auth = SqlAuth::Tokens(tokens.into());
-                let server = tokio::task::spawn_blocking(move || Server::open(store, ingest, query, auth)).await??;
+                let server = tokio::task::spawn_blocking(move || Server::open(store, ingest, query, auth))
+                    .await??
+                    .with_rollup(rollup)
+                    .with_cost(cost)?;
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
                 println!("listening on {addr}");
                 server.run(listener, shutdown_signal()).await?;
                 Ok(())
             })
+        }
+        Command::Report { week, format, out, data, price_book, recompute } => {
+            rt.block_on(report_command(week, format, out, data, price_book, recompute))
         }
         Command::Up { http, data, pg, backfill } => rt.block_on(async move {
             let options = UpOptions { http, data_dir: data, pg: pg.clone(), hostname: machine_hostname(), backfill };
@@ -167,8 +196,12 @@ async fn sql_command(
         Some(dir) => {
             let source = apron_query::DirectorySource::open(&dir)
                 .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
-            let engine =
-                apron_query::QueryEngine::new(apron_query::QueryConfig::default(), std::sync::Arc::new(source))?;
+            let state = source.data_dir().join(apron_query::rollup::STATE_FILE);
+            let engine = apron_query::QueryEngine::with_rollup_state(
+                apron_query::QueryConfig::default(),
+                std::sync::Arc::new(source),
+                Some(state),
+            )?;
             engine.execute(&query).await?.render(format.format())?
         }
         None => tokio::task::spawn_blocking(move || sql_over_http(&server, &query, format, token.as_deref())).await??,
@@ -213,6 +246,62 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
         }
         _ => Ok(body),
     }
+}
+
+async fn report_command(
+    week: Option<String>,
+    format: apron::report::ReportFormat,
+    out: PathBuf,
+    data: PathBuf,
+    price_book: Option<PathBuf>,
+    recompute: bool,
+) -> anyhow::Result<()> {
+    let now = apron_common::UnixMicros::now().0;
+    let week = match week {
+        Some(w) => apron_cost::IsoWeek::parse(&w)?,
+        None => apron::report::current_week(now).context("cannot tell the current week")?.previous(),
+    };
+    let book_path = price_book.or_else(|| {
+        let p = data.join(apron::up::EXAMPLE_PRICE_BOOK);
+        p.exists().then_some(p)
+    });
+    let book = match &book_path {
+        Some(p) => Some(
+            apron_cost::PriceBook::from_toml(
+                &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            )
+            .with_context(|| format!("price book {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let source = apron_query::DirectorySource::open(&data)
+        .with_context(|| format!("cannot open the data directory {}", data.display()))?;
+    let state = source.data_dir().join(apron_query::rollup::STATE_FILE);
+    let engine = apron_query::QueryEngine::with_rollup_state(
+        apron_query::QueryConfig::default(),
+        std::sync::Arc::new(source),
+        Some(state),
+    )?;
+    eprintln!("apron report: building {week} from {}", data.display());
+    let (files, changed) =
+        apron::report::produce(&engine, book.as_ref(), &data, week, format, recompute, now).await.map_err(anyhow::Error::msg)?;
+    if recompute {
+        if changed.is_empty() {
+            eprintln!("apron report: recomputed {week}: nothing changed");
+        } else {
+            eprintln!("apron report: recomputed {week}; changed:");
+            for c in &changed {
+                eprintln!("  {c}");
+            }
+        }
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    for (name, bytes) in files {
+        let path = out.join(format!("apron-{week}-{name}"));
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
 }
 
 fn print_up(up: &Up, pg: Option<&str>) {

@@ -39,7 +39,7 @@ pub fn router(engine: Arc<QueryEngine>, auth: SqlAuth) -> Router {
 }
 
 /// `Err` carries why, for the 401's detail.
-fn authorize(headers: &HeaderMap, auth: &SqlAuth) -> Result<(), &'static str> {
+pub(crate) fn authorize(headers: &HeaderMap, auth: &SqlAuth) -> Result<(), &'static str> {
     let SqlAuth::Tokens(tokens) = auth else { return Ok(()) };
     if tokens.is_empty() {
         return Err("no SQL token is configured on this server: set [sql] tokens or APRON_SQL_TOKEN");

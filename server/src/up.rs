@@ -37,6 +37,9 @@ pub const DEFAULT_DATA_DIR: &str = "./apron-data";
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9402";
 /// How often the in-process agent ships: short, so new data shows within seconds.
 const AGENT_FLUSH_INTERVAL: &str = "2s";
+/// The price book `apron up` prices with when it has no other: example figures.
+pub const EXAMPLE_PRICE_BOOK: &str = "pricebook.example.toml";
+const EXAMPLE_PRICES: &str = include_str!("../../deploy/pricebook.example.toml");
 
 /// What `apron up` was asked for.
 #[derive(Debug, Clone)]
@@ -113,6 +116,19 @@ impl Up {
         })
         .await
         .map_err(|e| ServerError::Task(e.to_string()))??;
+        // Dollars from the first run: the example price book, written next to the data
+        // (and said so in every report it prices).
+        let book = data_dir.join(EXAMPLE_PRICE_BOOK);
+        if !book.exists() {
+            std::fs::write(&book, EXAMPLE_PRICES)
+                .map_err(|source| ServerError::Io { what: format!("cannot write {}", book.display()), source })?;
+        }
+        let cost = crate::ledger::CostConfig {
+            price_book: Some(book),
+            interval: std::time::Duration::from_secs(60),
+            ..crate::ledger::CostConfig::default()
+        };
+        let server = server.with_cost(cost)?;
 
         let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

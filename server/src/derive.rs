@@ -1,0 +1,241 @@
+//! The `gpu_samples_1m` materializer: stores the rollup of finished days as Parquet, so
+//! it outlives raw retention (raw `gpu_samples` 30 d, rollups 400 d by default).
+//!
+//! ```text
+//!  every [rollup] interval (default 1m), one pass at a time:
+//!    raw = Store snapshot of gpu_samples (files + memtable)
+//!    for each rollup day E that raw data affects (raw day r feeds E = r and r + 1),
+//!        E finished (E's end + storage.compaction_delay passed), E's end within raw retention,
+//!        E missing or stale (rollup::RawView::status against <data>/derived/rollup.json):
+//!      inputs = raw files of days E−1, E (taken before the query)
+//!      rows   = QueryEngine::rollup(minutes of E)   — from gpu_samples only, 24 hourly queries
+//!      Store::replace_partition(gpu_samples_1m, E, rows in the wire schema)
+//!      rollup.json[E] = inputs (written atomically, after the partition)
+//! ```
+//!
+//! Stale: a raw file of E−1/E exists that the stored day did not read (late data,
+//! compaction); files that disappeared (retention) do not count. Days with raw rows still
+//! only in memory wait for the persist. The query layer reads the same state file, so a
+//! stale day is computed live until it is re-rolled; the state is written after the
+//! partition, so a crash in between leaves the day stale (re-rolled), never wrong.
+//! Errors are logged and the day is retried at the next pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apron_collector::{Store, Table};
+use apron_common::{UnixMicros, civil_from_days};
+use apron_query::QueryEngine;
+use apron_query::TableSource;
+use apron_query::rollup::{self, DayState, DayStatus, Minutes, RawView, RollupState};
+use serde::Deserialize;
+
+const DAY_US: i64 = 86_400_000_000;
+const HOUR_US: i64 = 3_600_000_000;
+
+/// `[rollup]`: the materializer of `gpu_samples_1m`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RollupConfig {
+    /// Off: `gpu_samples_1m` is still served, computed live from `gpu_samples` only
+    /// (and is lost with raw retention).
+    pub enabled: bool,
+    /// How often finished days are checked.
+    #[serde(with = "humantime_serde_duration")]
+    pub interval: Duration,
+}
+
+impl Default for RollupConfig {
+    fn default() -> Self {
+        RollupConfig { enabled: true, interval: Duration::from_secs(60) }
+    }
+}
+
+mod humantime_serde_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        let v = humantime::parse_duration(&s).map_err(serde::de::Error::custom)?;
+        if v < Duration::from_secs(1) {
+            return Err(serde::de::Error::custom("at least 1s"));
+        }
+        Ok(v)
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeriveReport {
+    /// `(date, rows)` of the days materialized.
+    pub materialized: Vec<(String, usize)>,
+    /// Dates left for a later pass because raw rows of them are still in memory.
+    pub waiting: Vec<String>,
+    /// Failures; each day is retried at the next pass.
+    pub errors: Vec<String>,
+}
+
+/// `YYYY-MM-DD` of a day number.
+pub fn date_string(day: i64) -> String {
+    let (y, m, d) = civil_from_days(day);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Materializes `gpu_samples_1m` for finished days.
+#[derive(Debug)]
+pub struct Materializer {
+    store: Arc<Store>,
+    engine: Arc<QueryEngine>,
+    state_path: std::path::PathBuf,
+    /// One pass at a time, so a day is never materialized twice concurrently.
+    pass: tokio::sync::Mutex<()>,
+}
+
+impl Materializer {
+    /// The engine should be built with the same state file
+    /// ([`QueryEngine::with_rollup_state`]) so stale days are served live.
+    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>) -> Materializer {
+        let state_path = store.data_dir().join(rollup::STATE_FILE);
+        Materializer { store, engine, state_path, pass: tokio::sync::Mutex::new(()) }
+    }
+
+    pub fn state_path(&self) -> &std::path::Path {
+        &self.state_path
+    }
+
+    /// One pass as if the clock read `now_us`.
+    pub async fn run_once(&self, now_us: i64) -> DeriveReport {
+        let _one_pass = self.pass.lock().await;
+        let mut report = DeriveReport::default();
+        let mut state = match RollupState::load(&self.state_path) {
+            Ok(s) => s,
+            Err(e) => {
+                // Rebuilt from scratch: every stored day counts as stale and is re-rolled.
+                report.errors.push(format!("{e}; starting a new rollup state"));
+                RollupState::default()
+            }
+        };
+        let store: &Store = &self.store;
+        let (raw, stored) =
+            match (TableSource::snapshot(store, rollup::RAW), TableSource::snapshot(store, rollup::NAME)) {
+                (Ok(r), Ok(s)) => (r, s),
+                (Err(e), _) | (_, Err(e)) => {
+                    report.errors.push(format!("listing the tables: {e}"));
+                    return report;
+                }
+            };
+        let view = RawView::new(raw.files, &raw.batches);
+        let stored_days = rollup::stored_days(&stored.files);
+        // Days whose stored rollup went (derived retention) are forgotten.
+        let before = state.days.len();
+        state.days.retain(|d, _| stored_days.contains(d));
+        let mut dirty = state.days.len() != before;
+
+        let config = store.config();
+        let delay = i64::try_from(config.compaction_delay.as_micros()).unwrap_or(i64::MAX);
+        let retention = i64::try_from(config.retention_raw.as_micros()).unwrap_or(i64::MAX);
+        let mut days: Vec<i64> = view.affected_days().unwrap_or_default().into_iter().collect();
+        days.retain(|&d| {
+            let end = d.saturating_add(1).saturating_mul(DAY_US);
+            end.saturating_add(delay) <= now_us && end >= now_us.saturating_sub(retention)
+        });
+        for day in days {
+            let date = date_string(day);
+            match view.status(day, &stored_days, Some(&state)) {
+                DayStatus::Current => continue,
+                DayStatus::InMemory => {
+                    tracing::debug!(%date, "gpu_samples_1m: raw rows of the day are still in memory; waiting");
+                    report.waiting.push(date);
+                    continue;
+                }
+                DayStatus::Missing | DayStatus::Stale => {}
+            }
+            let inputs = rollup::inputs(&view.files, day);
+            let started = std::time::Instant::now();
+            match self.materialize(day, &date).await {
+                Ok(rows) => {
+                    state.days.insert(day, DayState { inputs, materialized_us: now_us, rows });
+                    dirty = true;
+                    tracing::info!(%date, rows, elapsed_ms = started.elapsed().as_millis() as u64, "materialized gpu_samples_1m");
+                    report.materialized.push((date, rows));
+                    // Saved at once: a later day's failure must not lose this record.
+                    if let Err(e) = self.save(&state).await {
+                        report.errors.push(e);
+                    } else {
+                        dirty = false;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%date, error = %e, "materializing gpu_samples_1m failed; retried at the next pass");
+                    report.errors.push(format!("{date}: {e}"));
+                }
+            }
+        }
+        if dirty && let Err(e) = self.save(&state).await {
+            report.errors.push(e);
+        }
+        report
+    }
+
+    async fn save(&self, state: &RollupState) -> Result<(), String> {
+        let (state, path) = (state.clone(), self.state_path.clone());
+        tokio::task::spawn_blocking(move || state.save(&path))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Rolls up day `day` from `gpu_samples` and replaces its partition.
+    async fn materialize(&self, day: i64, date: &str) -> Result<usize, String> {
+        let mut batches = Vec::new();
+        // Hour by hour: bounded memory and time per query.
+        for h in 0..24 {
+            let from = day * DAY_US + h * HOUR_US;
+            let minutes = Minutes { from: Some(from), to: Some(from + HOUR_US) };
+            let result = self.engine.rollup(minutes).await.map_err(|e| format!("rollup query: {e}"))?;
+            for b in &result.batches {
+                batches.push(rollup::to_wire(b).map_err(|e| format!("converting the rollup rows: {e}"))?);
+            }
+        }
+        let rows = batches.iter().map(|b| b.num_rows()).sum();
+        let (store, date) = (self.store.clone(), date.to_owned());
+        tokio::task::spawn_blocking(move || store.replace_partition(Table::GpuSamples1m, &date, &batches))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("storing: {e}"))?;
+        Ok(rows)
+    }
+
+    /// Runs a pass every `interval` until the task is dropped or aborted.
+    pub async fn run(self: Arc<Self>, interval: Duration) {
+        let mut tick = tokio::time::interval(interval.max(Duration::from_secs(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let r = self.run_once(UnixMicros::now().0).await;
+            for e in &r.errors {
+                tracing::warn!(error = %e, "gpu_samples_1m materializer");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_humantime() {
+        let c: RollupConfig = toml::from_str("").expect("empty");
+        assert_eq!(c, RollupConfig::default());
+        assert_eq!(c.interval, Duration::from_secs(60));
+        let c: RollupConfig = toml::from_str("interval = \"5m\"\nenabled = false").expect("parse");
+        assert_eq!(c, RollupConfig { enabled: false, interval: Duration::from_secs(300) });
+        assert!(toml::from_str::<RollupConfig>("interval = \"soon\"").is_err());
+        assert!(toml::from_str::<RollupConfig>("interval = \"1ms\"").is_err());
+        assert!(toml::from_str::<RollupConfig>("intervall = \"1m\"").is_err());
+        assert_eq!(date_string(20_776), "2026-11-19");
+    }
+}
