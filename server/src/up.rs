@@ -176,20 +176,28 @@ impl Up {
     /// Serves until `shutdown` resolves; then stops the agent (which ships its last
     /// batches), drains the server and persists.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        // The history is seeded in the background: SQL, /metrics and the agent serve at
+        // once (the first answers grow as the seed lands), so a first start answers SQL
+        // within seconds whatever the backfill span.
+        let mut seeding = None;
         if self.first_start {
             on_first_start(self.server.store(), &self.choice);
             if self.choice.kind == SourceKind::Sim && !self.backfill.is_zero() {
                 let sim = SimSource::new(&self.agent_config.sim, self.agent_config.cluster.clone())
                     .map_err(|e| ServerError::Agent(e.to_string()))?;
                 let (store, span, window) = (self.server.store().clone(), self.backfill, self.agent_config.window);
-                println!("  seeding        the last {} of simulated history…", humantime::format_duration(span));
-                let done = tokio::task::spawn_blocking(move || {
-                    crate::backfill::run(&store, &sim, UnixMicros::now(), span, window)
-                })
-                .await
-                .map_err(|e| ServerError::Task(e.to_string()))?
-                .map_err(|e| ServerError::Agent(e.to_string()))?;
-                println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes);
+                println!(
+                    "  seeding        the last {} of simulated history (in the background)…",
+                    humantime::format_duration(span)
+                );
+                seeding = Some(tokio::task::spawn_blocking(move || {
+                    match crate::backfill::run(&store, &sim, UnixMicros::now(), span, window) {
+                        Ok(done) => {
+                            println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes)
+                        }
+                        Err(e) => tracing::error!("seeding simulated history failed: {e}"),
+                    }
+                }));
             }
         }
         write_endpoints(&self.data_dir, &self.endpoints)?;
@@ -214,7 +222,13 @@ impl Up {
                 tracing::warn!("the in-process agent did not stop in time; its unsent batches stay in its spool");
             }
         };
-        self.server.run(self.listener, server_shutdown).await
+        let served = self.server.run(self.listener, server_shutdown).await;
+        if let Some(s) = seeding {
+            // A seed still running at shutdown finishes (its rows are acknowledged into
+            // the WAL batch by batch; the rest would be missing history, not lost data).
+            let _ = s.await;
+        }
+        served
     }
 }
 

@@ -966,9 +966,12 @@ fn apron_up_serves_and_ingests_from_its_agent() {
         assert_eq!(lines.next(), Some("n"), "{text}");
         lines.next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("a count: {text}"))
     };
-    let n1 = sql_count();
-    // The first start seeded 2 minutes of simulated history: 16 GPUs × 120 windows.
-    assert!(n1 >= 16 * 120, "backfill missing: {n1} rows");
+    // The first start seeds 2 minutes of simulated history in the background: 16 GPUs ×
+    // 120 windows.
+    let n1 = poll("the seeded history", Duration::from_secs(30), || {
+        let n = sql_count();
+        (n >= 16 * 120).then_some(n)
+    });
     poll("the SQL count to grow", Duration::from_secs(30), || (sql_count() > n1).then_some(()));
     // JSON in the contract's shape, over HTTP.
     let r = request(
@@ -989,7 +992,9 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     let r = request(http, "POST", "/api/v1/sql", &[], b"SELEC nonsense");
     assert_eq!(r.status, 400, "{r:?}");
 
-    let printed = std::fs::read_to_string(&out).expect("stdout");
+    let printed = poll("seeded on stdout", Duration::from_secs(30), || {
+        std::fs::read_to_string(&out).ok().filter(|p| p.contains("seeded "))
+    });
     assert!(printed.contains(endpoints["http"].as_str().expect("http")), "{printed}");
     assert!(printed.contains("sim") || printed.contains("nvml"), "{printed}");
     assert!(printed.contains("not served yet"), "--pg is reserved: {printed}");
