@@ -7,6 +7,12 @@ need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+# A real single-node Slurm for the prolog/epilog test (tests/slurm/run.sh), and the
+# linter it runs on deploy/slurm/*.sh.
+command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm)
+command -v slurmd >/dev/null 2>&1 || need_apt+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || need_apt+=(munge)
+command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 
 if ((${#need_apt[@]})); then
   SUDO=""
@@ -14,7 +20,8 @@ if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   # Debian's prometheus package starts a service on install where systemd runs; it
-  # does not here, and the tests start their own instances on free ports.
+  # does not here, and the tests start their own instances on free ports. The same goes
+  # for slurm-wlm's and munge's services: tests/slurm/run.sh starts its own daemons.
   $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
@@ -35,3 +42,6 @@ prometheus --version 2>&1 | head -1
 "$S3S_FS" --version
 python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
 promtool --version 2>&1 | head -1
+slurmd -V
+munged --version
+shellcheck --version | sed -n 2p

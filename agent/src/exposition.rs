@@ -114,6 +114,9 @@ pub struct AgentState {
     pub late_readings: u64,
     pub dropped_windows: u64,
     pub ship: Option<ShipStats>,
+    /// Pod labels from the API server; `None` where the agent does not ask it.
+    #[cfg(feature = "kubernetes")]
+    pub kubernetes: Option<crate::attribution::kube::KubeStats>,
 }
 
 impl AgentState {
@@ -824,6 +827,10 @@ fn encode_self(enc: &mut DescriptorEncoder, st: &AgentState) -> Result<(), std::
     if let Some(ship) = &st.ship {
         encode_ship(enc, ship)?;
     }
+    #[cfg(feature = "kubernetes")]
+    if let Some(k) = &st.kubernetes {
+        encode_kubernetes(enc, k)?;
+    }
     let me = selfstats::read();
     if let Some(cpu) = me.cpu_seconds {
         family(
@@ -935,6 +942,42 @@ fn encode_ship(enc: &mut DescriptorEncoder, s: &ShipStats) -> Result<(), std::fm
             "When the collector last acknowledged a batch, Unix seconds.",
             MetricType::Gauge,
             &one(t),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "kubernetes")]
+fn encode_kubernetes(
+    enc: &mut DescriptorEncoder,
+    k: &crate::attribution::kube::KubeStats,
+) -> Result<(), std::fmt::Error> {
+    let requests: Series =
+        ["ok", "unauthorized", "forbidden", "http_error", "unreachable", "bad_response", "config_error"]
+            .iter()
+            .map(|r| (vec![("result".into(), (*r).to_owned())], k.requests.get(r).copied().unwrap_or(0) as f64))
+            .collect();
+    family(
+        enc,
+        "apron_agent_kubernetes_requests",
+        "Lists of this node's pods sent to the Kubernetes API server, by result.",
+        MetricType::Counter,
+        &requests,
+    )?;
+    family(
+        enc,
+        "apron_agent_kubernetes_pods",
+        "Pods of this node in the last successful list (their labels go into pod_labels).",
+        MetricType::Gauge,
+        &[(vec![], k.pods as f64)],
+    )?;
+    if let Some(t) = k.last_success_time {
+        family(
+            enc,
+            "apron_agent_kubernetes_last_success_time_seconds",
+            "When the API server last answered a list, Unix seconds.",
+            MetricType::Gauge,
+            &[(vec![], t)],
         )?;
     }
     Ok(())
@@ -1079,6 +1122,17 @@ mod tests {
         };
         ship.sent.insert("gpu_samples", TableShipped { batches: 10, rows: 160 });
         st.ship = Some(ship);
+        #[cfg(feature = "kubernetes")]
+        {
+            let mut k = crate::attribution::kube::KubeStats {
+                pods: 12,
+                last_success_time: Some(1_700_000_000.25),
+                ..Default::default()
+            };
+            k.requests.insert("ok", 40);
+            k.requests.insert("forbidden", 2);
+            st.kubernetes = Some(k);
+        }
         render(&registry(SharedState::new(st)), format).expect("renders")
     }
 

@@ -68,6 +68,9 @@ pub enum AgentError {
     Serve(std::io::Error),
     #[error(transparent)]
     Ship(#[from] ship::ShipError),
+    #[cfg(feature = "kubernetes")]
+    #[error("[attribution.kubernetes]: {0}")]
+    Kubernetes(#[from] attribution::kube::KubeError),
 }
 
 /// Opens the configured GPU source: NVML or the simulator.
@@ -81,6 +84,22 @@ pub fn open_source(config: &AgentConfig) -> Result<Box<dyn GpuSource>, AgentErro
         )?),
         SourceKind::Sim => Box::new(source::sim::SimSource::new(&config.sim, config.cluster.clone())?),
     })
+}
+
+/// Starts listing this node's pods for their labels, where `[attribution.kubernetes]`
+/// names an API server (the binary fills in the in-cluster one).
+#[cfg(feature = "kubernetes")]
+#[allow(clippy::type_complexity)]
+fn start_pod_labels(
+    config: &AgentConfig,
+    state: &SharedState,
+) -> Result<Option<(Arc<attribution::kube::PodLabels>, std::thread::JoinHandle<()>)>, AgentError> {
+    let k = &config.attribution.kubernetes;
+    let Some(api_server) = k.api_server.as_deref().filter(|_| k.enabled) else { return Ok(None) };
+    let node = k.node_name.clone().unwrap_or_else(|| config.hostname.to_string());
+    let lister = attribution::kube::PodLister::new(k, api_server, &node)?;
+    let started = attribution::kube::PodLabels::start(lister, k.refresh, state.clone()).map_err(AgentError::Thread)?;
+    Ok(Some(started))
 }
 
 /// How long a window stays open after its end for readings that arrive late.
@@ -105,9 +124,23 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AgentError> {
     let inventory = source.inventory().to_vec();
-    let host_view = source.host_view().unwrap_or_else(|| Box::new(RealHost::new(&config.attribution)));
-    let attribution = Arc::new(Attributor::new(&config.attribution, host_view));
     let state = SharedState::new(AgentState::new(source.kind(), source.driver_version(), &inventory));
+    #[cfg(feature = "kubernetes")]
+    let mut kube_labels = None;
+    let host_view = match source.host_view() {
+        Some(view) => view,
+        None => {
+            #[allow(unused_mut)]
+            let mut host = RealHost::new(&config.attribution);
+            #[cfg(feature = "kubernetes")]
+            if let Some(labels) = start_pod_labels(&config, &state)? {
+                host = host.with_pod_labels(labels.0.clone());
+                kube_labels = Some(labels);
+            }
+            Box::new(host)
+        }
+    };
+    let attribution = Arc::new(Attributor::new(&config.attribution, host_view));
 
     let mut samplers = Vec::new();
     for (&group, &interval) in &config.intervals {
@@ -154,6 +187,12 @@ pub async fn run(
         }
     });
     let _ = tokio::time::timeout(Duration::from_secs(5), joined).await;
+    #[cfg(feature = "kubernetes")]
+    if let Some((labels, _handle)) = kube_labels {
+        // The thread ends at its next wake-up; a list in flight is bounded by its timeout
+        // and is not waited for.
+        labels.stop();
+    }
     if let Some((handle, request_timeout)) = shipper {
         // The aggregation thread dropped the sink on its way out, which closed the
         // channel: the shipper sends (or spools) the last batches and exits. One request

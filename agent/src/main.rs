@@ -97,7 +97,20 @@ fn run(args: Args) -> anyhow::Result<()> {
         windows_out: args.windows_out,
         collector_token: args.collector_token,
     };
-    let config = file.resolve(overrides, &machine_hostname())?;
+    let mut config = file.resolve(overrides, &machine_hostname())?;
+    // Inside a pod: the in-cluster API server and the node name from the downward API,
+    // unless the file names them.
+    let k8s = &mut config.attribution.kubernetes;
+    if k8s.api_server.is_none()
+        && let (Ok(host), Ok(port)) =
+            (std::env::var("KUBERNETES_SERVICE_HOST"), std::env::var("KUBERNETES_SERVICE_PORT"))
+    {
+        let host = if host.contains(':') { format!("[{host}]") } else { host };
+        k8s.api_server = Some(format!("https://{host}:{port}"));
+    }
+    if k8s.node_name.is_none() {
+        k8s.node_name = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
+    }
     if let Some(Command::Probe { repeats, json }) = args.command {
         let source =
             NvmlSource::open(config.nvml_lib.as_deref(), &config.hostname, config.cluster.as_ref(), config.window)?;

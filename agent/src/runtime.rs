@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use apron_common::{GpuWindow, ProcessRow, UnixMicros};
+use apron_common::{GpuHolder, GpuWindow, ProcessRow, UnixMicros};
 
 use crate::attribution::Attributor;
 use crate::exposition::{OwnerLabels, SamplerStats, SharedState};
@@ -230,13 +230,19 @@ impl Aggregation {
         }
         if tick.group == FieldGroup::Processes && tick.result.is_ok() {
             st.processes = tick.readings.processes.clone();
+            // The tick refreshed attribution: every GPU's holder as of now, for /metrics
+            // labels and for the windows that close from now on.
+            let mut owners = Vec::with_capacity(st.gpus.len());
             for (g, s) in st.gpus.iter_mut() {
-                s.owner = self.attribution.gpu_owner(g).map_or_else(OwnerLabels::default, |o| OwnerLabels {
-                    pod: o.pod,
-                    namespace: o.namespace,
-                    container: o.container,
+                let owner = self.attribution.gpu_owner(g);
+                s.owner = owner.as_ref().map_or_else(OwnerLabels::default, |o| OwnerLabels {
+                    pod: o.pod.clone(),
+                    namespace: o.namespace.clone(),
+                    container: o.container.clone(),
                 });
+                owners.push(owner.map(GpuHolder::from));
             }
+            self.aggregator.set_owners(owners);
         }
         drop(st);
         if tick.group == FieldGroup::Processes {

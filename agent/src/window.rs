@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use apron_common::{Field, FieldStats, GpuIdentity, GpuWindow, UnixMicros};
+use apron_common::{Field, FieldStats, GpuHolder, GpuIdentity, GpuWindow, UnixMicros};
 
 use crate::sampler::{Readings, Slot};
 
@@ -88,11 +88,23 @@ pub struct Aggregator {
     /// Windows that began before this instant are only partly observed (the agent
     /// started inside them); they are not emitted.
     started: Option<UnixMicros>,
+    /// Per slot: who holds the GPU, as attribution last answered; copied into every
+    /// window that closes until the next answer.
+    owners: Vec<Option<GpuHolder>>,
 }
 
 impl Aggregator {
     pub fn new(inventory: Vec<GpuIdentity>, window: Duration, lateness: Duration) -> Self {
-        Self { window, lateness, inventory, open: BTreeMap::new(), closed_until: None, late_readings: 0, started: None }
+        Self {
+            window,
+            lateness,
+            inventory,
+            open: BTreeMap::new(),
+            closed_until: None,
+            late_readings: 0,
+            started: None,
+            owners: Vec::new(),
+        }
     }
 
     /// Drops the partial window the agent starts in: a row always covers a whole window.
@@ -103,6 +115,13 @@ impl Aggregator {
 
     pub fn inventory(&self) -> &[GpuIdentity] {
         &self.inventory
+    }
+
+    /// Who holds each GPU (by slot) from now on: windows closed after this call carry it.
+    /// The agent calls this after every processes tick (attribution's refresh), so a
+    /// window's owner is at most one processes interval (plus lateness) old.
+    pub fn set_owners(&mut self, owners: Vec<Option<GpuHolder>>) {
+        self.owners = owners;
     }
 
     /// Readings that arrived for windows already closed, since start.
@@ -171,6 +190,7 @@ impl Aggregator {
                 }
                 let mut row = GpuWindow::new(end, self.window, self.inventory[slot].clone());
                 row.lost = acc.lost;
+                row.owner = self.owners.get(slot).cloned().flatten();
                 for (i, a) in acc.fields.iter().enumerate() {
                     row.fields[i] = a.stats();
                 }
@@ -258,6 +278,20 @@ mod tests {
         let rows = agg.close_due(UnixMicros(3 * S));
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].time, UnixMicros(3 * S));
+    }
+
+    #[test]
+    fn windows_carry_the_latest_owner() {
+        let mut agg = Aggregator::new(vec![gpu(0), gpu(1)], Duration::from_secs(1), Duration::ZERO);
+        let mut r = Readings::default();
+        r.push(0, Field::PowerWatts, 100.0, UnixMicros(S - 10));
+        r.push(1, Field::PowerWatts, 100.0, UnixMicros(S - 10));
+        agg.add(&r, UnixMicros(S - 10));
+        let holder = GpuHolder::pod(Some("ns".into()), Some("p".into()), None);
+        agg.set_owners(vec![Some(holder.clone()), None]);
+        let rows = agg.close_due(UnixMicros(S));
+        assert_eq!(rows[0].owner, Some(holder));
+        assert_eq!(rows[1].owner, None, "nobody holds GPU 1");
     }
 
     #[test]

@@ -1079,3 +1079,255 @@ fn a_restarted_agent_drains_the_previous_runs_spool_first() {
     assert!(stored[left.len()..].iter().all(|(e, _)| *e != old_epoch), "{stored:?}");
     assert_eq!(stored[left.len()].1, 1, "{stored:?}");
 }
+
+/// deploy/slurm's prolog and epilog under a real single-node Slurm (`tests/slurm/run.sh`:
+/// munged, slurmctld and slurmd from Debian's `slurm-wlm` and `munge`, two GRES GPUs
+/// backed by dummy device files): a 2-GPU job submitted by `nobody` makes the prolog write
+/// one file per mapped GPU UUID with the job's id, user, account and partition; this
+/// agent, on a fake NVML with the same UUIDs, attributes both GPUs' processes to the job;
+/// after the job the epilog has removed the files and the attribution is gone. Needs
+/// root; without it, or without the tools, it prints a NOTE and passes, except under
+/// `APRON_REQUIRE_TOOLS=1` (CI), where that is a failure.
+#[test]
+fn slurm_prolog_epilog_under_real_slurm() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/slurm/run.sh");
+    let lib = fake_lib("libnvidia_ml.so");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("APRON_AGENT", AGENT)
+        .env("APRON_FAKE_NVML", &lib)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let required = std::env::var("APRON_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
+    if out.status.code() == Some(77) && !required {
+        eprintln!("{}", stdout.trim());
+        return;
+    }
+    assert!(out.status.success(), "tests/slurm/run.sh failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("PASS: apron-prolog.sh / apron-epilog.sh under real Slurm"), "{stdout}");
+
+    let job = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OK: submitted job ")?.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no job id in:\n{stdout}"))
+        .to_owned();
+    let uuids = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"];
+    // The prolog's files, as the script printed them while the job ran.
+    for uuid in uuids {
+        let file: Vec<&str> = stdout
+            .lines()
+            .skip_while(|l| *l != format!("---- {uuid}"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("---- ") && !l.starts_with("OK: "))
+            .collect();
+        for want in [
+            format!("job_id={job}"),
+            "user=nobody".into(),
+            "account=ml-research".into(),
+            "partition=gpu".into(),
+            format!("gpu_uuid={uuid}"),
+        ] {
+            assert!(file.contains(&want.as_str()), "{uuid}'s file lacks {want}: {file:?}\n{stdout}");
+        }
+    }
+    // The agent saw the job while it ran, on both GPUs, and not after.
+    let during: Vec<&str> = stdout.lines().filter(|l| l.starts_with("apron_gpu_process_memory_bytes{")).collect();
+    for uuid in uuids {
+        assert!(
+            during.iter().any(|l| l.contains(uuid)
+                && l.contains(&format!(r#"job_id="{job}""#))
+                && l.contains(r#"user="nobody""#)),
+            "no process of {uuid} attributed to job {job}:\n{stdout}"
+        );
+    }
+    let after = stdout.lines().find(|l| l.starts_with("OK: agent /metrics after the job: ")).expect("after line");
+    assert!(!after.contains("job_id="), "{after}");
+    assert!(stdout.contains("the epilog removed both files"), "{stdout}");
+}
+
+/// A stand-in for the Kubernetes API server: answers every request with a recorded
+/// response (the node's PodList, or a 403 Status while `forbid` is set) and records each
+/// request's target and `Authorization` header.
+#[cfg(feature = "kubernetes")]
+mod fake_api_server {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{SocketAddr, TcpListener};
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Debug)]
+    pub struct Seen {
+        pub target: String,
+        pub authorization: Option<String>,
+    }
+
+    pub struct FakeApiServer {
+        pub addr: SocketAddr,
+        pub forbid: Arc<AtomicBool>,
+        pub seen: Arc<Mutex<Vec<Seen>>>,
+    }
+
+    fn recorded(name: &str) -> Vec<u8> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/k8s").join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    impl FakeApiServer {
+        pub fn start() -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let forbid = Arc::new(AtomicBool::new(false));
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let (pods, denied) = (recorded("podlist-node.json"), recorded("forbidden.json"));
+            let (f, s) = (forbid.clone(), seen.clone());
+            std::thread::spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(mut stream) = stream else { continue };
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).is_err() {
+                        continue;
+                    }
+                    let target = line.split(' ').nth(1).unwrap_or_default().to_owned();
+                    let mut authorization = None;
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                        if let Some((name, value)) = h.split_once(':')
+                            && name.eq_ignore_ascii_case("authorization")
+                        {
+                            authorization = Some(value.trim().to_owned());
+                        }
+                    }
+                    s.lock().expect("lock").push(Seen { target, authorization });
+                    let (status, body) =
+                        if f.load(Ordering::SeqCst) { ("403 Forbidden", &denied) } else { ("200 OK", &pods) };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body));
+                }
+            });
+            Self { addr, forbid, seen }
+        }
+
+        pub fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().expect("lock").clone()
+        }
+    }
+}
+
+/// The real agent on the fake NVML, with the fake kubelet (pod-resources) and a fake API
+/// server: every closed window names its GPU's holder and the holder's labels; a 403 is
+/// reported once, counted, and sampling goes on.
+#[cfg(feature = "kubernetes")]
+#[test]
+fn windows_carry_owners_and_pod_labels_from_the_api_server() {
+    use std::sync::atomic::Ordering;
+
+    use apron_agent::attribution::fake_kubelet::FakeKubelet;
+
+    let lib = fake_lib("libnvidia_ml.so");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("kubelet.sock");
+    let _kubelet = FakeKubelet::start_at(
+        &socket,
+        &[
+            (
+                "kubeflow-alice",
+                "jupyter-alice-0",
+                vec![("notebook", "nvidia.com/gpu", vec!["GPU-00000000-0000-0000-0000-000000000000"])],
+            ),
+            (
+                "ml-research",
+                "train-llama-7f9c4-0",
+                vec![("trainer", "nvidia.com/gpu", vec!["GPU-11111111-1111-1111-1111-111111111111"])],
+            ),
+        ],
+    )
+    .expect("fake kubelet");
+    let api = fake_api_server::FakeApiServer::start();
+    api.forbid.store(true, Ordering::SeqCst);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "test-sa-token\n").expect("token");
+    let windows_out = dir.path().join("windows.jsonl");
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nwindows_out = {:?}\n[samplers]\nprocesses = \"1s\"\n[attribution]\nproc_root = {:?}\npasswd_path = {:?}\n\
+             apron_slurm_dir = {:?}\nslurm_gpu_dir = {:?}\npod_resources_socket = {:?}\n\
+             [attribution.kubernetes]\napi_server = \"http://{}\"\ntoken_file = {:?}\nnode_name = \"test-node\"\nrefresh = \"1s\"\n",
+            windows_out.display().to_string(),
+            fixture("proc"),
+            fixture("etc/passwd"),
+            dir.path().join("no-slurm").display().to_string(),
+            dir.path().join("no-gpustat").display().to_string(),
+            socket.display().to_string(),
+            api.addr,
+            token.display().to_string(),
+        ),
+    )
+    .expect("config");
+    let agent = Agent::start(
+        &["--config", config.to_str().expect("utf8"), "--source", "nvml", "--nvml-lib", lib.to_str().expect("utf8")],
+        Some(TWO_H100),
+    );
+
+    // 403: counted, sampling goes on, windows still name the holder (without labels).
+    poll("forbidden lists counted", Duration::from_secs(20), || {
+        let text = agent.metrics();
+        (metric(&text, r#"apron_agent_kubernetes_requests_total{result="forbidden"}"#)? >= 2.0).then_some(())
+    });
+    let before = agent.health()["windows"].as_u64().expect("windows");
+    agent.wait_windows(before + 2);
+    let owned = |labels: bool| {
+        windows(&windows_out).into_iter().rev().find(|w| {
+            w["gpu"]["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
+                && w["owner"].is_object()
+                && w["owner"]["pod_labels"].is_string() == labels
+        })
+    };
+    let w = poll("a window with its owner", Duration::from_secs(20), || owned(false));
+    assert_eq!(w["owner"]["kind"], "pod");
+    assert_eq!(w["owner"]["owner"], "kubeflow-alice/jupyter-alice-0");
+    assert_eq!(w["owner"]["container"], "notebook");
+
+    // The API server recovers: labels arrive within a refresh.
+    api.forbid.store(false, Ordering::SeqCst);
+    let w = poll("a window with pod labels", Duration::from_secs(20), || owned(true));
+    let labels: Value = serde_json::from_str(w["owner"]["pod_labels"].as_str().expect("text")).expect("JSON object");
+    assert_eq!(labels["notebook-name"], "jupyter-alice", "Kubeflow labels pass through: {labels}");
+    assert_eq!(labels["notebooks.kubeflow.org/server-type"], "jupyter", "chosen annotations too: {labels}");
+    assert!(labels.get("kubectl.kubernetes.io/restartedAt").is_none(), "other annotations stay out: {labels}");
+    let train = poll("the trainer's labels", Duration::from_secs(20), || {
+        windows(&windows_out).into_iter().rev().find(|w| {
+            w["gpu"]["gpu_uuid"] == "GPU-11111111-1111-1111-1111-111111111111" && w["owner"]["pod_labels"].is_string()
+        })
+    });
+    assert_eq!(train["owner"]["owner"], "ml-research/train-llama-7f9c4-0");
+    let labels: Value = serde_json::from_str(train["owner"]["pod_labels"].as_str().expect("text")).expect("JSON");
+    assert_eq!(labels["team"], "vision");
+    assert_eq!(labels["project"], "llm-pretrain");
+    assert_eq!(labels["runai/project"], "vision-research");
+    assert_eq!(labels["training.kubeflow.org/job-name"], "train-llama-7f9c4");
+
+    let text = agent.metrics();
+    assert!(metric(&text, r#"apron_agent_kubernetes_requests_total{result="ok"}"#).is_some_and(|v| v >= 1.0));
+    assert_eq!(metric(&text, "apron_agent_kubernetes_pods"), Some(3.0));
+    let seen = api.seen();
+    assert!(seen.iter().all(|s| s.authorization.as_deref() == Some("Bearer test-sa-token")), "{seen:?}");
+    assert!(
+        seen.iter().all(|s| s.target == "/api/v1/pods?fieldSelector=spec.nodeName%3Dtest-node&resourceVersion=0"),
+        "{seen:?}"
+    );
+    let stderr = agent.stop();
+    assert_eq!(stderr.matches("403 Forbidden").count(), 1, "a persisting failure is logged once:\n{stderr}");
+}

@@ -25,4 +25,4 @@ pub mod wire;
 
 pub use field::{Aggregation, Field, FieldKind};
 pub use ids::{ClusterName, GpuUuid, HostName, UnixMicros, civil_from_days, days_from_civil, parse_date};
-pub use window::{FieldStats, GpuIdentity, GpuWindow, ProcessRow};
+pub use window::{FieldStats, GpuHolder, GpuIdentity, GpuWindow, HolderKind, ProcessRow};

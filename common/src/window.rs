@@ -94,11 +94,17 @@ pub struct GpuWindow {
     pub fields: Vec<Option<FieldStats>>,
     /// True when the GPU answered GPU_IS_LOST in this window.
     pub lost: bool,
+    /// Who held the GPU as of the window (a pod through the kubelet's pod-resources, a
+    /// Slurm job through the prolog's file), whether or not anything ran on it; `None`
+    /// when nobody held it, or when the producer does not attribute (see `docs/agent.md`
+    /// for how old the answer may be).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<GpuHolder>,
 }
 
 impl GpuWindow {
     pub fn new(time: UnixMicros, window: Duration, gpu: GpuIdentity) -> Self {
-        Self { time, window, gpu, fields: vec![None; Field::COUNT], lost: false }
+        Self { time, window, gpu, fields: vec![None; Field::COUNT], lost: false, owner: None }
     }
 
     pub fn get(&self, field: Field) -> Option<&FieldStats> {
@@ -112,6 +118,89 @@ impl GpuWindow {
 
     pub fn window_secs(&self) -> f64 {
         self.window.as_secs_f64()
+    }
+}
+
+/// What holds a GPU: the `owner_kind` column of `gpu_samples`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderKind {
+    /// A Kubernetes pod (the kubelet's pod-resources assigns the device to it).
+    Pod,
+    /// A Slurm job (Apron's prolog file, or jobstats' file, names it).
+    SlurmJob,
+}
+
+impl HolderKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            HolderKind::Pod => "pod",
+            HolderKind::SlurmJob => "slurm_job",
+        }
+    }
+}
+
+/// Who held a GPU during a window: the ownership columns of `gpu_samples`. Teams are
+/// never resolved here; the server maps labels, namespaces, accounts and users to teams.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHolder {
+    pub kind: HolderKind,
+    /// `<namespace>/<pod>` for a pod (`<namespace>/*` when several pods of one namespace
+    /// share a time-sliced GPU, `*` when several namespaces do); the job id for a job.
+    pub owner: String,
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub container: Option<String>,
+    pub job_id: Option<String>,
+    /// The Slurm job's user (the `owner_user` column).
+    pub user: Option<String>,
+    pub account: Option<String>,
+    pub partition: Option<String>,
+    pub qos: Option<String>,
+    /// The holding pod's labels and selected annotations as JSON object text (labels win
+    /// on a key collision); `None` when unknown.
+    pub pod_labels: Option<String>,
+}
+
+impl GpuHolder {
+    /// A pod holder; `owner` is derived from the namespace and pod as documented above.
+    pub fn pod(namespace: Option<String>, pod: Option<String>, container: Option<String>) -> Self {
+        let owner = match (&namespace, &pod) {
+            (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+            (Some(ns), None) => format!("{ns}/*"),
+            (None, _) => "*".to_owned(),
+        };
+        Self {
+            kind: HolderKind::Pod,
+            owner,
+            namespace,
+            pod,
+            container,
+            job_id: None,
+            user: None,
+            account: None,
+            partition: None,
+            qos: None,
+            pod_labels: None,
+        }
+    }
+
+    /// A Slurm job holder, owner = the job id.
+    pub fn slurm_job(job_id: impl Into<String>) -> Self {
+        let job_id = job_id.into();
+        Self {
+            kind: HolderKind::SlurmJob,
+            owner: job_id.clone(),
+            namespace: None,
+            pod: None,
+            container: None,
+            job_id: Some(job_id),
+            user: None,
+            account: None,
+            partition: None,
+            qos: None,
+            pod_labels: None,
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
 use arrow_schema::{ArrowError, DataType, Field as ArrowField, Schema, SchemaRef, TimeUnit};
 
 use crate::field::{Field, FieldKind};
-use crate::window::{GpuWindow, ProcessRow};
+use crate::window::{GpuHolder, GpuWindow, ProcessRow};
 
 /// Request headers of `POST /api/v1/ingest`.
 pub mod headers {
@@ -104,6 +104,26 @@ pub const SECONDS: DataType = DataType::Decimal128(18, 6);
 /// The rollup aggregates of each measurement in `gpu_samples_1m`.
 pub const ROLLUP_SUFFIXES: [&str; 3] = ["_mean", "_min", "_max"];
 
+/// The ownership columns at the end of `gpu_samples`, in order: who held the GPU during
+/// the window (all NULL when nobody did). Nullable Utf8, dictionary-encoded in Parquet.
+///
+/// `owner_kind` is `pod` or `slurm_job`; `owner` is `<namespace>/<pod>` or the job id;
+/// `owner_user` is the Slurm job's user; `pod_labels` is a JSON object of the holding
+/// pod's labels (and selected annotations), NULL when unknown.
+pub const OWNER_COLUMNS: [&str; 11] = [
+    "owner_kind",
+    "owner",
+    "namespace",
+    "pod",
+    "container",
+    "job_id",
+    "owner_user",
+    "account",
+    "partition",
+    "qos",
+    "pod_labels",
+];
+
 fn time_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
 }
@@ -139,6 +159,9 @@ static GPU_SAMPLES: LazyLock<SchemaRef> = LazyLock::new(|| {
         if let Some(max) = max_column(f) {
             fields.push(ArrowField::new(max, field_type(f), true));
         }
+    }
+    for c in OWNER_COLUMNS {
+        fields.push(ArrowField::new(c, DataType::Utf8, true));
     }
     Arc::new(Schema::new(fields))
 });
@@ -288,6 +311,21 @@ pub fn windows_to_batch(rows: &[GpuWindow]) -> Result<RecordBatch, ArrowError> {
             cols.push(column(rows, f, |r| r.get(f).map(|s| s.max)));
         }
     }
+    // In OWNER_COLUMNS order.
+    let owner = |get: fn(&GpuHolder) -> Option<&str>| strings(rows.iter().map(move |r| r.owner.as_ref().and_then(get)));
+    cols.extend([
+        owner(|o| Some(o.kind.as_str())),
+        owner(|o| Some(o.owner.as_str())),
+        owner(|o| o.namespace.as_deref()),
+        owner(|o| o.pod.as_deref()),
+        owner(|o| o.container.as_deref()),
+        owner(|o| o.job_id.as_deref()),
+        owner(|o| o.user.as_deref()),
+        owner(|o| o.account.as_deref()),
+        owner(|o| o.partition.as_deref()),
+        owner(|o| o.qos.as_deref()),
+        owner(|o| o.pod_labels.as_deref()),
+    ]);
     RecordBatch::try_new(GPU_SAMPLES.clone(), cols)
 }
 
@@ -440,6 +478,52 @@ mod tests {
         let fb = batch.column_by_name("fb_used_bytes").expect("col").as_primitive::<Int64Type>();
         assert_eq!(fb.value(0), 1048576);
         assert!(batch.column_by_name("power_watts").expect("col").is_null(0), "no reading is NULL");
+    }
+
+    #[test]
+    fn owner_columns_come_last_and_are_null_when_nobody_holds_the_gpu() {
+        let schema = Table::GpuSamples.schema();
+        let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names[names.len() - OWNER_COLUMNS.len()..], OWNER_COLUMNS);
+        assert!(schema.fields().iter().rev().take(OWNER_COLUMNS.len()).all(|f| f.is_nullable()));
+
+        let mut pod = window();
+        let mut holder = GpuHolder::pod(Some("ml".into()), Some("train-0".into()), Some("main".into()));
+        holder.pod_labels = Some(r#"{"team":"vision"}"#.into());
+        pod.owner = Some(holder);
+        let mut job = window();
+        job.owner = Some(GpuHolder {
+            user: Some("carol".into()),
+            account: Some("phys".into()),
+            partition: Some("gpu".into()),
+            qos: Some("normal".into()),
+            ..GpuHolder::slurm_job("4711")
+        });
+        let batch = windows_to_batch(&[pod, job, window()]).expect("batch");
+        let col = |name: &str| -> Vec<Option<String>> {
+            let a = batch.column_by_name(name).expect("col").as_string::<i32>();
+            a.iter().map(|v| v.map(str::to_owned)).collect()
+        };
+        let s = |v: &str| Some(v.to_owned());
+        assert_eq!(col("owner_kind"), vec![s("pod"), s("slurm_job"), None]);
+        assert_eq!(col("owner"), vec![s("ml/train-0"), s("4711"), None]);
+        assert_eq!(col("namespace"), vec![s("ml"), None, None]);
+        assert_eq!(col("pod"), vec![s("train-0"), None, None]);
+        assert_eq!(col("container"), vec![s("main"), None, None]);
+        assert_eq!(col("job_id"), vec![None, s("4711"), None]);
+        assert_eq!(col("owner_user"), vec![None, s("carol"), None]);
+        assert_eq!(col("account"), vec![None, s("phys"), None]);
+        assert_eq!(col("partition"), vec![None, s("gpu"), None]);
+        assert_eq!(col("qos"), vec![None, s("normal"), None]);
+        assert_eq!(col("pod_labels"), vec![s(r#"{"team":"vision"}"#), None, None]);
+        let back = decode_ipc(&encode_ipc(&batch).expect("encode"), Table::GpuSamples, 10).expect("decode");
+        assert_eq!(back, vec![batch]);
+    }
+
+    #[test]
+    fn shared_gpu_owners() {
+        assert_eq!(GpuHolder::pod(Some("inf".into()), None, None).owner, "inf/*");
+        assert_eq!(GpuHolder::pod(None, None, None).owner, "*");
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn generate(
     seed: u64,
     out: &Path,
 ) -> anyhow::Result<()> {
-    if gpus_per_node == 0 || gpus == 0 || gpus % gpus_per_node != 0 {
+    if gpus_per_node == 0 || gpus == 0 || !gpus.is_multiple_of(gpus_per_node) {
         bail!("--gpus {gpus} must be a positive multiple of --gpus-per-node {gpus_per_node}");
     }
     if !(hours > 0.0 && hours.is_finite()) {

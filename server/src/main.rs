@@ -283,8 +283,9 @@ async fn report_command(
         Some(state),
     )?;
     eprintln!("apron report: building {week} from {}", data.display());
-    let (files, changed) =
-        apron::report::produce(&engine, book.as_ref(), &data, week, format, recompute, now).await.map_err(anyhow::Error::msg)?;
+    let (files, changed) = apron::report::produce(&engine, book.as_ref(), &data, week, format, recompute, now)
+        .await
+        .map_err(anyhow::Error::msg)?;
     if recompute {
         if changed.is_empty() {
             eprintln!("apron report: recomputed {week}: nothing changed");

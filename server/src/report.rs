@@ -343,9 +343,12 @@ pub fn router(
     data_dir: PathBuf,
     auth: crate::SqlAuth,
 ) -> axum::Router {
-    axum::Router::new()
-        .route("/api/v1/reports/weekly", axum::routing::get(weekly))
-        .with_state(ReportState { engine, ledger, data_dir, auth })
+    axum::Router::new().route("/api/v1/reports/weekly", axum::routing::get(weekly)).with_state(ReportState {
+        engine,
+        ledger,
+        data_dir,
+        auth,
+    })
 }
 
 async fn weekly(
@@ -406,7 +409,7 @@ pub fn current_week(now_us: i64) -> Option<IsoWeek> {
     let day = now_us.div_euclid(86_400_000_000);
     // Try this year's and neighbouring years' weeks: the one whose range holds now.
     let (y, _, _) = apron_common::civil_from_days(day);
-    (y - 1..=y + 1).flat_map(|year| (1..=53).filter_map(move |w| IsoWeek::parse(&format!("{year}-W{w:02}")).ok())).find(
-        |w| w.start_us() <= now_us && now_us < w.end_us(),
-    )
+    (y - 1..=y + 1)
+        .flat_map(|year| (1..=53).filter_map(move |w| IsoWeek::parse(&format!("{year}-W{w:02}")).ok()))
+        .find(|w| w.start_us() <= now_us && now_us < w.end_us())
 }

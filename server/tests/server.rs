@@ -5,6 +5,14 @@
 //! only sleeps are the random kill points of the kill -9 loop. The data directory is
 //! read back with `Store::open` after the server has stopped, so what is counted is what
 //! a restart would see.
+//!
+//! One test binary for the crate: the rollup and the cost ledger/report tests are its
+//! modules.
+
+#[path = "server/cost.rs"]
+mod cost;
+#[path = "server/rollup.rs"]
+mod rollup;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -5,7 +5,7 @@ use std::error::Error;
 use std::io;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use apron_common::{GpuIdentity, ProcessRow};
+use apron_common::{GpuHolder, GpuIdentity, ProcessRow};
 
 use super::cgroup::{self, CgroupFacts};
 use super::podresources::{DeviceMap, Holder};
@@ -64,6 +64,9 @@ impl ProcessAttribution {
 /// Who holds a GPU (by pod-resources or a Slurm file), whether or not it runs anything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuOwner {
+    /// True when pod-resources assigns the GPU to pods (then the owner is a pod, even
+    /// where several pods share it and none is named); false for a Slurm job.
+    pub held_by_pod: bool,
     pub pod: Option<String>,
     pub namespace: Option<String>,
     pub container: Option<String>,
@@ -74,6 +77,29 @@ pub struct GpuOwner {
     pub account: Option<String>,
     pub partition: Option<String>,
     pub qos: Option<String>,
+    /// The holding pod's labels (and selected annotations) as JSON object text, from the
+    /// Kubernetes API server where the agent watches it.
+    pub pod_labels: Option<String>,
+}
+
+impl From<GpuOwner> for GpuHolder {
+    /// The `gpu_samples` ownership columns: a pod when pod-resources names one (a Slurm
+    /// job on the same GPU still fills `job_id` and its fields), else the Slurm job.
+    fn from(o: GpuOwner) -> Self {
+        let base = match (&o.job_id, o.held_by_pod) {
+            (Some(job), false) => GpuHolder::slurm_job(job.clone()),
+            _ => GpuHolder::pod(o.namespace.clone(), o.pod.clone(), o.container.clone()),
+        };
+        GpuHolder {
+            job_id: o.job_id,
+            user: o.user,
+            account: o.account,
+            partition: o.partition,
+            qos: o.qos,
+            pod_labels: o.pod_labels,
+            ..base
+        }
+    }
 }
 
 /// Answers "whose is this process / GPU?" from a [`HostView`]'s facts.
@@ -196,8 +222,16 @@ impl Attributor {
             return None;
         }
         let pod = PodFields::of(&holders);
+        let held_by_pod = !holders.is_empty();
         let (job, user) = slurm.map_or((SlurmJob::default(), None), |s| (s.job, s.user));
+        drop(state);
+        let pod_labels = match (&pod.namespace, &pod.pod) {
+            (Some(ns), Some(name)) => self.host.pod_labels(ns, name),
+            _ => None,
+        };
         Some(GpuOwner {
+            held_by_pod,
+            pod_labels,
             pod: pod.pod,
             namespace: pod.namespace,
             container: pod.container,
@@ -499,6 +533,7 @@ mod tests {
         let a = attributor(host());
         a.refresh();
         let pod_owner = GpuOwner {
+            held_by_pod: true,
             pod: Some("train-0".into()),
             namespace: Some("ml".into()),
             container: Some("main".into()),
@@ -510,7 +545,7 @@ mod tests {
             account: Some("phys".into()),
             ..GpuOwner::default()
         };
-        let shared = GpuOwner { namespace: Some("inf".into()), ..GpuOwner::default() };
+        let shared = GpuOwner { held_by_pod: true, namespace: Some("inf".into()), ..GpuOwner::default() };
         let cases = [
             (gpu("GPU-a", 0, None), Some(pod_owner)),
             (gpu("GPU-job", 2, None), Some(job_owner)),

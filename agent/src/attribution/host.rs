@@ -16,6 +16,9 @@ pub struct RealHost {
     /// Current-thread: the call is one request on a sampler thread, which blocks on it.
     #[cfg(feature = "kubernetes")]
     runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
+    /// Pod labels from the API server, where the agent lists them.
+    #[cfg(feature = "kubernetes")]
+    labels: Option<std::sync::Arc<super::kube::PodLabels>>,
 }
 
 impl RealHost {
@@ -24,7 +27,16 @@ impl RealHost {
             config: config.clone(),
             #[cfg(feature = "kubernetes")]
             runtime: std::sync::Mutex::new(None),
+            #[cfg(feature = "kubernetes")]
+            labels: None,
         }
+    }
+
+    /// Answers [`HostView::pod_labels`] from the API server's labels.
+    #[cfg(feature = "kubernetes")]
+    pub fn with_pod_labels(mut self, labels: std::sync::Arc<super::kube::PodLabels>) -> Self {
+        self.labels = Some(labels);
+        self
     }
 
     fn proc_file(&self, pid: u32, name: &str) -> io::Result<String> {
@@ -84,6 +96,11 @@ impl RealHost {
 }
 
 impl HostView for RealHost {
+    #[cfg(feature = "kubernetes")]
+    fn pod_labels(&self, namespace: &str, pod: &str) -> Option<String> {
+        self.labels.as_ref().and_then(|l| l.get(namespace, pod))
+    }
+
     fn cgroup(&self, pid: u32) -> io::Result<String> {
         self.proc_file(pid, "cgroup")
     }

@@ -25,6 +25,8 @@ mod attributor;
 mod cgroup;
 mod config;
 mod host;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
 mod podresources;
 mod slurm;
 mod users;
@@ -34,10 +36,13 @@ use std::io;
 use apron_common::GpuIdentity;
 
 pub use attributor::{Attributor, GpuOwner, ProcessAttribution, ProcessSample};
-pub use config::AttributionConfig;
+pub use config::{AttributionConfig, KubernetesConfig};
 pub use host::RealHost;
 #[cfg(feature = "kubernetes")]
 pub use podresources::PodResourcesError;
+#[cfg(feature = "kubernetes")]
+#[doc(hidden)]
+pub use podresources::fake_kubelet;
 pub use podresources::is_gpu_resource;
 
 /// One container's devices as the kubelet pod-resources `List()` reports them.
@@ -64,6 +69,11 @@ pub trait HostView: Send + Sync {
     fn slurm_gpu_file(&self, gpu: &GpuIdentity) -> io::Result<Option<String>>;
     /// The kubelet's pod-resources `List()` answer; `Ok(None)` where there is no kubelet.
     fn pod_resources(&self) -> io::Result<Option<Vec<PodDevices>>>;
+    /// A pod's labels (and selected annotations) as JSON object text, where known (the
+    /// API server's answer, cached; see [`kube`]). Must not block on the network.
+    fn pod_labels(&self, _namespace: &str, _pod: &str) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -147,10 +147,12 @@ mod client {
     }
 }
 
-/// A kubelet stand-in for tests: serves `List()` from a fixed answer on a unix socket in
-/// a temporary directory, on its own runtime in a background thread.
-#[cfg(all(test, feature = "kubernetes"))]
-pub(crate) mod fake_kubelet {
+/// A kubelet stand-in for tests: serves `List()` from a fixed answer on a unix socket, on
+/// its own runtime in a background thread. Public (hidden) so that the end-to-end tests
+/// can run the real agent binary against it; nothing in the agent starts it.
+#[cfg(feature = "kubernetes")]
+#[doc(hidden)]
+pub mod fake_kubelet {
     use std::path::{Path, PathBuf};
     use std::thread::JoinHandle;
 
@@ -168,7 +170,7 @@ pub(crate) mod fake_kubelet {
     /// `(namespace, pod, [(container, resource, device ids)])`.
     pub type PodSpec<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str, Vec<&'a str>)>);
 
-    pub fn pods(spec: &[PodSpec<'_>]) -> Vec<PodResources> {
+    pub(crate) fn pods(spec: &[PodSpec<'_>]) -> Vec<PodResources> {
         spec.iter()
             .map(|(namespace, name, containers)| PodResources {
                 name: (*name).into(),
@@ -216,16 +218,28 @@ pub(crate) mod fake_kubelet {
         socket: PathBuf,
         stop: Option<oneshot::Sender<()>>,
         thread: Option<JoinHandle<()>>,
-        _dir: tempfile::TempDir,
+        #[cfg(test)]
+        _dir: Option<tempfile::TempDir>,
     }
 
     impl FakeKubelet {
-        pub fn start(answer: Vec<PodResources>) -> Self {
+        #[cfg(test)]
+        pub(crate) fn start(answer: Vec<PodResources>) -> Self {
             let dir = tempfile::tempdir().expect("temp dir");
-            let socket = dir.path().join("kubelet.sock");
+            let mut kubelet = Self::serve(dir.path().join("kubelet.sock"), answer).expect("fake kubelet starts");
+            kubelet._dir = Some(dir);
+            kubelet
+        }
+
+        /// Serves `spec` on a new socket at `socket` (whose directory must exist).
+        pub fn start_at(socket: &Path, spec: &[PodSpec<'_>]) -> std::io::Result<Self> {
+            Self::serve(socket.to_owned(), pods(spec))
+        }
+
+        fn serve(socket: PathBuf, answer: Vec<PodResources>) -> std::io::Result<Self> {
             // Bound before returning, so a client can connect at once: no readiness wait.
-            let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind socket");
-            listener.set_nonblocking(true).expect("non-blocking socket");
+            let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+            listener.set_nonblocking(true)?;
             let (stop, stopped) = oneshot::channel::<()>();
             let thread = std::thread::spawn(move || {
                 let runtime =
@@ -246,7 +260,13 @@ pub(crate) mod fake_kubelet {
                 });
                 // Dropping the runtime here closes the connections it still holds.
             });
-            Self { socket, stop: Some(stop), thread: Some(thread), _dir: dir }
+            Ok(Self {
+                socket,
+                stop: Some(stop),
+                thread: Some(thread),
+                #[cfg(test)]
+                _dir: None,
+            })
         }
 
         pub fn socket(&self) -> &Path {

@@ -7,15 +7,20 @@
 //! samples, 4 GPM samples and one of each other group per 1 s window by default), and
 //! the readings are folded into count/mean/min/max/last the same way. Nothing is
 //! allocated per reading; each row costs the `GpuWindow` itself.
+//!
+//! Each row's owner is what the live agent would attach: the agent's [`Attributor`] over
+//! a history [`SimHost`], refreshed at the processes sampler's last tick at or before the
+//! window's end (every 5 s by default), so stranded notebooks and Slurm jobs that run
+//! nothing still show who holds them.
 
 use std::time::Duration;
 
-use apron_common::{Field, GpuWindow, ProcessRow, UnixMicros};
+use apron_common::{Field, GpuHolder, GpuWindow, ProcessRow, UnixMicros};
 
 use super::fleet::{Fleet, SimProcess};
 use super::host::SimHost;
 use super::sampler::process_rows;
-use crate::attribution::Attributor;
+use crate::attribution::{AttributionConfig, Attributor};
 use crate::runtime::next_tick;
 use crate::sampler::{FieldGroup, Phase, Readings};
 use crate::window::FieldAcc;
@@ -40,10 +45,18 @@ pub struct History<'a> {
     slot: usize,
     /// Per entry of `WINDOW_GROUPS`: sampling interval in µs; 0 = not sampled.
     intervals: [i64; FieldGroup::WINDOW.len()],
+    /// Ownership as the live agent sees it: an attributor over a host of its own, asked
+    /// at each processes tick (every `owners_every` µs; 0 = no processes sampler, no
+    /// owners), and its answer per slot as of the tick at `owners_at`.
+    host: SimHost,
+    attribution: Attributor,
+    owners_every: i64,
+    owners_at: Option<i64>,
+    owners: Vec<Option<GpuHolder>>,
 }
 
 impl<'a> History<'a> {
-    pub(crate) fn new(fleet: &'a Fleet, start: UnixMicros, end: UnixMicros, window: Duration) -> Self {
+    pub(crate) fn new(fleet: &'a Fleet, host: SimHost, start: UnixMicros, end: UnixMicros, window: Duration) -> Self {
         let window_us = micros(window).max(1);
         Self {
             fleet,
@@ -53,6 +66,11 @@ impl<'a> History<'a> {
             last_end: end.0,
             slot: 0,
             intervals: std::array::from_fn(|i| micros(FieldGroup::WINDOW[i].default_interval())),
+            host: host.clone(),
+            attribution: Attributor::new(&AttributionConfig::default(), Box::new(host)),
+            owners_every: micros(FieldGroup::Processes.default_interval()),
+            owners_at: None,
+            owners: Vec::new(),
         }
     }
 
@@ -62,7 +80,27 @@ impl<'a> History<'a> {
         for (i, g) in FieldGroup::WINDOW.iter().enumerate() {
             self.intervals[i] = interval(*g).map_or(0, |d| micros(d).max(1));
         }
+        self.owners_every = interval(FieldGroup::Processes).map_or(0, |d| micros(d).max(1));
         self
+    }
+
+    /// Moves the owners to the processes tick at or before `end` (a no-op within a tick).
+    fn update_owners(&mut self, end: i64) {
+        if self.owners_every == 0 {
+            self.owners.clear();
+            return;
+        }
+        let every = Duration::from_micros(self.owners_every.unsigned_abs());
+        let tick = next_tick(UnixMicros(end - self.owners_every), every, Phase::Mid).0;
+        if self.owners_at == Some(tick) {
+            return;
+        }
+        self.owners_at = Some(tick);
+        self.host.set_time(UnixMicros(tick));
+        // The simulator's facts are well-formed: refresh reports no problems worth keeping.
+        let _ = self.attribution.refresh();
+        self.owners =
+            self.fleet.inventory().iter().map(|gpu| self.attribution.gpu_owner(gpu).map(GpuHolder::from)).collect();
     }
 
     /// Windows still to come.
@@ -91,6 +129,7 @@ impl<'a> History<'a> {
         }
         let mut row = GpuWindow::new(UnixMicros(end), self.window, gpu.clone());
         row.lost = lost;
+        row.owner = self.owners.get(slot).cloned().flatten();
         for (out, a) in row.fields.iter_mut().zip(acc.iter()) {
             *out = a.stats();
         }
@@ -105,6 +144,9 @@ impl Iterator for History<'_> {
         let slots = self.fleet.inventory().len();
         if slots == 0 || self.next_end > self.last_end {
             return None;
+        }
+        if self.slot == 0 {
+            self.update_owners(self.next_end);
         }
         let row = self.row(self.slot, self.next_end);
         self.slot += 1;

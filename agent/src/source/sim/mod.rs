@@ -121,9 +121,10 @@ impl SimSource {
 
     /// `gpu_samples` rows of every GPU for every `window`-long, epoch-aligned window
     /// ending in `(start, end]`: `GPUs × windows` rows, time-major. Values equal what the
-    /// live samplers read at the same instants, aggregated as the agent does.
+    /// live samplers read at the same instants, aggregated as the agent does; each row's
+    /// owner is what the agent's attributor answers at the processes tick before its end.
     pub fn history(&self, start: UnixMicros, end: UnixMicros, window: Duration) -> History<'_> {
-        History::new(&self.fleet, start, end, window)
+        History::new(&self.fleet, self.history_host(), start, end, window)
     }
 
     /// `gpu_processes` rows every `every` in `(start, end]` (the live default is 5 s).

@@ -336,3 +336,52 @@ fn process_history_attributes_every_row() {
     assert!(rows.iter().all(|r| r.pod.is_some() || r.job_id.is_some()), "every process has an owner");
     assert_eq!(host.time(), UnixMicros(end));
 }
+
+#[test]
+fn history_rows_carry_their_owners() {
+    use apron_common::HolderKind;
+    let src = source(42);
+    let notebook = slots_of(&src, Scenario::NotebookStranded)[0];
+    let t = find_phase(&src, notebook, PhaseKind::Stranded, T0 - 5 * 86_400 * SEC);
+    let rows: Vec<_> = src.history(UnixMicros(t), UnixMicros(t + 10 * SEC), Duration::from_secs(1)).collect();
+    let owner_of = |slot: usize| {
+        let uuid = &src.inventory()[slot].gpu_uuid;
+        rows.iter().filter(|r| &r.gpu.gpu_uuid == uuid).map(|r| r.owner.clone()).collect::<Vec<_>>()
+    };
+    for owner in owner_of(notebook) {
+        let owner = owner.expect("a stranded notebook is held");
+        assert_eq!(owner.kind, HolderKind::Pod);
+        assert_eq!(owner.namespace.as_deref(), Some("data-science"));
+        assert_eq!(owner.container.as_deref(), Some("notebook"));
+        let pod = owner.pod.as_deref().expect("pod named");
+        assert!(pod.starts_with("jupyter-"), "{pod}");
+        assert_eq!(owner.owner, format!("data-science/{pod}"));
+    }
+    for owner in owner_of(slots_of(&src, Scenario::UnallocatedIdle)[0]) {
+        assert_eq!(owner, None, "nobody holds an unallocated GPU");
+    }
+
+    // The 4-GPU Slurm job: all four GPUs, idle or not, carry the job while it runs.
+    let multi = slots_of(&src, Scenario::MultiGpuUnderused);
+    assert_eq!(multi.len(), 4);
+    let t = find_phase(&src, multi[0], PhaseKind::Run, T0 - 3 * 86_400 * SEC);
+    let rows: Vec<_> = src.history(UnixMicros(t), UnixMicros(t + 10 * SEC), Duration::from_secs(1)).collect();
+    let jobs: BTreeSet<_> = rows
+        .iter()
+        .filter(|r| multi.iter().any(|&s| src.inventory()[s].gpu_uuid == r.gpu.gpu_uuid))
+        .map(|r| {
+            let o = r.owner.clone().expect("held by the job");
+            assert_eq!(o.kind, HolderKind::SlurmJob);
+            assert_eq!(o.job_id.as_deref(), Some(o.owner.as_str()));
+            assert_eq!(o.user.as_deref(), Some("carol"));
+            (o.owner, o.account, o.partition, o.qos)
+        })
+        .collect();
+    assert_eq!(jobs.len(), 1, "one job on all four GPUs: {jobs:?}");
+    let (_, account, partition, qos) = jobs.into_iter().next().expect("one");
+    assert_eq!(
+        (account.as_deref(), partition.as_deref(), qos.as_deref()),
+        (Some("vision"), Some("gpu"), Some("normal"))
+    );
+    assert_eq!(rows.len(), src.inventory().len() * 10);
+}

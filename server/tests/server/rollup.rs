@@ -79,7 +79,9 @@ fn ingest(store: &Store, sequence: u64, rows: &[GpuWindow]) {
     store.ingest(req).expect("ingest");
 }
 
-fn open(dir: &std::path::Path) -> Server {
+/// A server on `dir/data` whose background persist and maintenance stay out of the
+/// way: the tests drive them.
+pub(super) fn open(dir: &std::path::Path) -> Server {
     let store = StoreConfig {
         data_dir: dir.join("data"),
         persist_interval: Duration::from_secs(3600),

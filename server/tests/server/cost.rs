@@ -1,0 +1,301 @@
+//! The cost ledger and the weekly report on a known trace, against hand-computed
+//! seconds and dollars (never computed by the code under test).
+
+use std::time::Duration;
+
+use apron::ledger::{CostConfig, Ledger};
+use apron::report::{self, ReportFormat};
+use super::rollup::open;
+use apron_collector::{IngestRequest, Table};
+use apron_common::wire::{encode_ipc, windows_to_batch};
+use apron_common::{Field, FieldStats, GpuHolder, GpuIdentity, GpuUuid, GpuWindow, HostName, UnixMicros};
+use apron_cost::IsoWeek;
+use apron_cost::report::ShareUnallocated;
+use apron_query::{Format, QueryEngine};
+
+/// 2026-11-19, a Thursday of ISO week 2026-W47.
+const D: i64 = 20_776;
+const DAY: i64 = 86_400_000_000;
+const SEC: i64 = 1_000_000;
+const TEN: i64 = D * DAY + 10 * 3600 * SEC;
+
+fn gpu() -> GpuIdentity {
+    GpuIdentity::gpu(
+        HostName::new("node-0").expect("host"),
+        GpuUuid::new("GPU-A").expect("uuid"),
+        0,
+        "NVIDIA H100 80GB HBM3",
+    )
+}
+
+fn stats(mean: f64, max: f64) -> Option<FieldStats> {
+    Some(FieldStats { count: 4, mean, min: 0.0, max, last: mean })
+}
+
+/// The trace, 1 s windows of one H100 from 10:00:00 (window ends 10:00:01 …):
+///
+/// | from–to | holder | sm_active mean/max | expected |
+/// | --- | --- | --- | --- |
+/// | 10:00–10:20 | ml/train-a (label team=ml) | 0.5 / 0.6 | active 1200 s |
+/// | 10:20–11:05 | ml/train-a | 0 / 0 | idle run of 45 min ≥ 30 min: stranded 2700 s |
+/// | 11:05–11:15 | ml/train-a | 0.1 / 0.3 | active 600 s, all under-used (< 0.2) |
+/// | 11:15–11:35 | ml/train-a | 0 / 0 | idle run of 20 min: allocated idle 1200 s |
+/// | 11:35–11:45 | nobody | 0 / 0 | unallocated idle 600 s |
+/// | 11:45–11:50 | nobody | 0.4 / 0.5 | unallocated busy 300 s |
+/// | 11:50–12:00 | no data | | unknown 600 s |
+fn trace() -> Vec<GpuWindow> {
+    let mut holder = GpuHolder::pod(Some("ml".into()), Some("train-a".into()), None);
+    holder.pod_labels = Some(r#"{"team":"ml","app":"trainer"}"#.into());
+    let segments: [(i64, i64, bool, f64, f64); 6] = [
+        (0, 1200, true, 0.5, 0.6),
+        (1200, 3900, true, 0.0, 0.0),
+        (3900, 4500, true, 0.1, 0.3),
+        (4500, 5700, true, 0.0, 0.0),
+        (5700, 6300, false, 0.0, 0.0),
+        (6300, 6600, false, 0.4, 0.5),
+    ];
+    let mut rows = Vec::new();
+    for (from, to, held, mean, max) in segments {
+        for s in from + 1..=to {
+            let mut w = GpuWindow::new(UnixMicros(TEN + s * SEC), Duration::from_secs(1), gpu());
+            w.fields[Field::SmActive.index()] = stats(mean, max);
+            w.fields[Field::GpuUtil.index()] = stats(mean, max);
+            w.owner = held.then(|| holder.clone());
+            rows.push(w);
+        }
+    }
+    rows
+}
+
+async fn rows(engine: &QueryEngine, sql: &str) -> Vec<serde_json::Value> {
+    let r = engine.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let j: serde_json::Value = serde_json::from_slice(&r.render(Format::Json).expect("render")).expect("json");
+    j["rows"].as_array().expect("rows").clone()
+}
+
+/// A price book at $3.60 per GPU-hour: exactly $0.001 per second.
+const BOOK: &str = "version = \"test-1\"\n[[price]]\nmodel = \"H100\"\nmatch = [\"H100 80GB HBM3\"]\nkind = \"on_demand\"\nusd_per_gpu_hour = \"3.60\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path());
+    let store = server.store().clone();
+    let body = encode_ipc(&windows_to_batch(&trace()).expect("batch")).expect("ipc");
+    store
+        .ingest(IngestRequest { table: Table::GpuSamples, agent: "a", epoch: "e", sequence: 0, body: &body })
+        .expect("ingest");
+    store.persist_now().expect("persist");
+
+    let book = dir.path().join("prices.toml");
+    std::fs::write(&book, BOOK).expect("book");
+    let config = CostConfig { price_book: Some(book), ..CostConfig::default() };
+    let server = server.with_cost(config).expect("cost on");
+    let ledger: std::sync::Arc<Ledger> = server.ledger().expect("ledger").clone();
+    let now = (D + 1) * DAY + 2 * 3600 * SEC;
+    let report = ledger.run_once(now).await;
+    assert_eq!(report.errors, Vec::<String>::new());
+    assert_eq!(report.computed.len(), 1, "{report:?}");
+    let engine = server.engine().clone();
+    let engine = &engine;
+
+    // Every GPU-hour adds up to 3600 s over its rows; 24 hours of the day.
+    let hours = rows(
+        engine,
+        "SELECT CAST(hour AS VARCHAR) AS h, CAST(sum(active_s + allocated_idle_s + stranded_s + unallocated_idle_s \
+         + unallocated_busy_s + unknown_s) AS DOUBLE) AS total FROM gpu_cost_hourly GROUP BY hour ORDER BY hour",
+    )
+    .await;
+    assert_eq!(hours.len(), 24);
+    assert!(hours.iter().all(|r| r[1] == 3600.0), "{hours:?}");
+
+    let detail = rows(
+        engine,
+        "SELECT CAST(hour AS VARCHAR) AS h, team, CAST(active_s AS DOUBLE), CAST(allocated_idle_s AS DOUBLE), \
+         CAST(stranded_s AS DOUBLE), CAST(unallocated_idle_s AS DOUBLE), CAST(unallocated_busy_s AS DOUBLE), \
+         CAST(unknown_s AS DOUBLE), CAST(underused_s AS DOUBLE), CAST(cost_usd AS VARCHAR), \
+         CAST(idle_cost_usd AS VARCHAR), CAST(stranded_cost_usd AS VARCHAR), CAST(price_per_gpu_hour AS VARCHAR) \
+         FROM gpu_cost_hourly WHERE hour >= TIMESTAMP '2026-11-19T10:00:00Z' AND hour < TIMESTAMP '2026-11-19T12:00:00Z' \
+         ORDER BY hour, team",
+    )
+    .await;
+    let want = serde_json::json!([
+        // 10:00: active 1200 + stranded 2400 (10:20–11:00); $0.001/s: 3.6 known, 2.4 idle.
+        [
+            "2026-11-19T10:00:00Z",
+            "ml",
+            1200.0,
+            0.0,
+            2400.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            "3.600000",
+            "2.400000",
+            "2.400000",
+            "3.600000"
+        ],
+        // 11:00 ml: stranded 300 (11:00–11:05), active 600 (all under-used), idle 1200.
+        [
+            "2026-11-19T11:00:00Z",
+            "ml",
+            600.0,
+            1200.0,
+            300.0,
+            0.0,
+            0.0,
+            0.0,
+            600.0,
+            "2.100000",
+            "1.500000",
+            "0.300000",
+            "3.600000"
+        ],
+        // 11:00 unallocated: idle 600, busy 300, no data 600 (not billed).
+        [
+            "2026-11-19T11:00:00Z",
+            "unallocated",
+            0.0,
+            0.0,
+            0.0,
+            600.0,
+            300.0,
+            600.0,
+            0.0,
+            "0.900000",
+            "0.600000",
+            "0.000000",
+            "3.600000"
+        ],
+    ]);
+    // Timestamps render as RFC 3339 text in CAST; compare the hour prefix only.
+    assert_eq!(detail.len(), 3, "{detail:?}");
+    for (got, want) in detail.iter().zip(want.as_array().expect("array")) {
+        let g = got.as_array().expect("row");
+        let w = want.as_array().expect("row");
+        assert!(g[0].as_str().expect("hour").starts_with(&w[0].as_str().expect("hour")[..16]), "{g:?}");
+        assert_eq!(&g[1..], &w[1..], "{g:?}");
+    }
+
+    // The allocation: 10:00:00 to 11:35:00, team ml from the pod label.
+    let allocs = rows(
+        engine,
+        "SELECT gpu_uuid, CAST(start_time AS VARCHAR) AS s, CAST(end_time AS VARCHAR) AS e, owner_kind, owner, team, source \
+         FROM allocations",
+    )
+    .await;
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    let a = allocs[0].as_array().expect("row");
+    assert_eq!(a[0], "GPU-A");
+    assert!(a[1].as_str().expect("start").starts_with("2026-11-19T10:00:00"), "{a:?}");
+    assert!(a[2].as_str().expect("end").starts_with("2026-11-19T11:35:00"), "{a:?}");
+    assert_eq!((&a[3], &a[4], &a[5], &a[6]), (&"pod".into(), &"ml/train-a".into(), &"ml".into(), &"kubernetes".into()));
+
+    // A second pass with nothing new recomputes nothing.
+    assert!(ledger.run_once(now).await.computed.is_empty());
+
+    // The weekly report: team ml allocated 5700 s = 1.58 h, active 0.50 h, stranded
+    // 0.75 h, allocated idle 0.33 h; cost 3.60 + 2.10 = 5.70; idle 2.70 + 1.20 = 3.90;
+    // unallocated idle 0.60 on its own line; top stranded: ml/train-a, 1 GPU, 45 min, 2.70.
+    let week = IsoWeek::parse("2026-W47").expect("week");
+    let r = report::build(engine, ledger.price_book(), week, ShareUnallocated::None, now).await.expect("report");
+    let j: serde_json::Value = serde_json::from_str(&r.to_json().expect("json")).expect("parse");
+    let ml = &j["teams"][0];
+    assert_eq!(ml["team"], "ml");
+    for (k, v) in [
+        ("gpu_hours_allocated", 1.58),
+        ("gpu_hours_active", 0.5),
+        ("gpu_hours_stranded", 0.75),
+        ("gpu_hours_allocated_idle", 0.33),
+        ("cost_usd", 5.7),
+        ("idle_cost_usd", 3.9),
+        ("stranded_cost_usd", 2.7),
+        ("allocated_idle_cost_usd", 1.2),
+    ] {
+        assert_eq!(ml[k].as_f64(), Some(v), "ml {k}: {ml}");
+    }
+    assert_eq!(j["unallocated"]["unallocated_idle_cost_usd"].as_f64(), Some(0.6));
+    // Fleet = ml 5.70 + unallocated 0.90 (idle 0.60 + busy 0.30).
+    assert_eq!(j["fleet"]["cost_usd"].as_f64(), Some(6.6));
+    assert_eq!(j["fleet"]["idle_cost_usd"].as_f64(), Some(4.5));
+    let top = &j["top_stranded"][0];
+    assert_eq!((top["owner"].as_str(), top["gpus"].as_u64()), (Some("ml/train-a"), Some(1)));
+    assert_eq!((top["duration_hours"].as_f64(), top["cost_usd"].as_f64()), (Some(0.75), Some(2.7)));
+    assert_eq!(j["price_book_version"], "test-1");
+    for format in [ReportFormat::Json, ReportFormat::Csv, ReportFormat::Html, ReportFormat::Xlsx] {
+        let files = report::render(&r, format).expect("render");
+        assert!(!files.is_empty() && files.iter().all(|(_, b)| !b.is_empty()), "{format:?}");
+    }
+    let csv = report::render(&r, ReportFormat::Csv).expect("csv");
+    let teams = &csv.iter().find(|(n, _)| n == "teams.csv").expect("teams.csv").1;
+    let teams = String::from_utf8_lossy(teams);
+    let ml = teams.lines().find(|l| l.starts_with("ml,")).unwrap_or_else(|| panic!("no ml line in {teams}"));
+    for v in ["1.58", "0.50", "0.75", "0.33", "5.70", "3.90"] {
+        assert!(ml.split(',').any(|c| c == v), "{v} not in {ml} (header: {:?})", teams.lines().next());
+    }
+
+    // Stored once the week is over; later requests get the same bytes; recomputing
+    // with nothing new changes nothing.
+    let later = week.end_us() + DAY;
+    let data = store.data_dir().to_path_buf();
+    let book = ledger.price_book();
+    let (first, _) = report::produce(engine, book, &data, week, ReportFormat::Json, false, later).await.expect("first");
+    assert!(report::stored_dir(&data, week).join("report.xlsx").exists());
+    let (again, _) =
+        report::produce(engine, book, &data, week, ReportFormat::Json, false, later + DAY).await.expect("again");
+    assert_eq!(first, again, "a stored week re-renders identically");
+    let (_, changed) =
+        report::produce(engine, book, &data, week, ReportFormat::Json, true, later + DAY).await.expect("recompute");
+    assert_eq!(changed, Vec::<String>::new());
+
+    // Over HTTP, and the idle dollars on the server's /metrics.
+    let metrics = apron::ledger::CostMetrics::default();
+    ledger.refresh_metrics(&metrics).await.expect("metrics");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(listener, async move {
+        let _ = stopped.await;
+    }));
+    let (status, body) = http_get(addr, "/api/v1/reports/weekly?week=2026-W47&format=csv&table=teams").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.lines().any(|l| l.starts_with("ml,") && l.contains("5.70")), "{body}");
+    let (status, body) = http_get(addr, "/api/v1/reports/weekly?week=2026-W99").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = http_get(addr, "/api/v1/reports/weekly?week=2026-W47&format=pdf").await;
+    assert_eq!(status, 400, "{body}");
+    let metrics_text = loop {
+        // The server's own ledger pass refreshes the families shortly after start.
+        let (_, text) = http_get(addr, "/metrics").await;
+        if text.contains("apron_idle_cost_dollars_total{") {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for line in [
+        "apron_idle_cost_dollars_total{team=\"ml\",kind=\"stranded\"} 2.7",
+        "apron_idle_cost_dollars_total{team=\"ml\",kind=\"allocated_idle\"} 1.2",
+        "apron_idle_cost_dollars_total{team=\"unallocated\",kind=\"unallocated_idle\"} 0.6",
+        "apron_gpu_seconds_total{team=\"ml\",state=\"stranded\"} 2700.0",
+    ] {
+        assert!(metrics_text.contains(line), "{line} not in\n{metrics_text}");
+    }
+    let _ = stop.send(());
+    running.await.expect("join").expect("server");
+}
+
+/// A plain HTTP/1.0 GET: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\nAccept: application/openmetrics-text\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
