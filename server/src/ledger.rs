@@ -40,6 +40,9 @@ use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
 use serde::{Deserialize, Serialize};
 
 const DAY_US: i64 = 86_400_000_000;
+/// How far back a process sample still speaks for a window (the agent samples processes
+/// every 5 s by default).
+const PROCESS_SAMPLE_REACH_US: i64 = 10_000_000;
 
 /// `[cost]`: the ledger's settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -363,7 +366,75 @@ impl Ledger {
                 });
             }
         }
+        self.process_owners(uuid, range, &mut g, &mut index).await?;
         Ok(g)
+    }
+
+    /// The last fallback of the brief's order: a window nobody holds, in which a
+    /// process of a Unix user that `[cost.teams] users` maps to a team ran, is that
+    /// user's (owner kind `process`). A user the map does not know stays unallocated,
+    /// so unknown compute is still `unallocated_busy`.
+    async fn process_owners(
+        &self,
+        uuid: &str,
+        range: &str,
+        g: &mut GpuWindows,
+        index: &mut BTreeMap<Owner, HolderId>,
+    ) -> Result<(), String> {
+        let users = &self.config.teams.users;
+        if users.is_empty() || g.windows.iter().all(|w| w.holder.is_some()) {
+            return Ok(());
+        }
+        let batches = self
+            .query(&format!(
+                "SELECT time, \"user\" FROM gpu_processes WHERE gpu_uuid = {} AND {range} AND \"user\" IS NOT NULL \
+                 ORDER BY time, \"user\"",
+                sql_str(uuid)
+            ))
+            .await?;
+        // (sample time, user) of mapped users, in time order.
+        let mut samples: Vec<(i64, String)> = Vec::new();
+        for b in &batches {
+            let (t, u) = (b.column(0).as_primitive::<TimestampMicrosecondType>(), b.column(1).as_string::<i32>());
+            for r in 0..b.num_rows() {
+                if users.contains_key(u.value(r)) {
+                    samples.push((t.value(r), u.value(r).to_owned()));
+                }
+            }
+        }
+        if samples.is_empty() {
+            return Ok(());
+        }
+        for w in g.windows.iter_mut().filter(|w| w.holder.is_none()) {
+            // The latest process sample at or before the window's end, if recent: the
+            // process list is sampled every few seconds, not every window.
+            let i = samples.partition_point(|(t, _)| *t <= w.end_us);
+            let Some((t, user)) = i.checked_sub(1).map(|i| &samples[i]) else { continue };
+            if w.end_us - t > PROCESS_SAMPLE_REACH_US {
+                continue;
+            }
+            let owner = Owner {
+                kind: "process".into(),
+                owner: user.clone(),
+                namespace: None,
+                job_id: None,
+                user: Some(user.clone()),
+                account: None,
+                partition: None,
+                qos: None,
+                labels: None,
+            };
+            w.holder = Some(match index.get(&owner) {
+                Some(id) => *id,
+                None => {
+                    let id = HolderId(g.holders.len());
+                    g.holders.push(self.resolve(uuid, &g.host, owner.clone()));
+                    index.insert(owner, id);
+                    id
+                }
+            });
+        }
+        Ok(())
     }
 
     fn static_owner(&self, uuid: &str, host: &str) -> Option<Owner> {

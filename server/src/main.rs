@@ -71,15 +71,34 @@ enum Command {
         #[arg(long, default_value = ".")]
         out: PathBuf,
         /// The data directory (its stored reports are reused unless --recompute).
-        #[arg(long, env = "APRON_DATA", default_value = DEFAULT_DATA_DIR)]
-        data: PathBuf,
-        /// Price book for the report's price table and version stamp (default: the one
-        /// `apron up` wrote into the data directory, if any).
+        /// Default: the config's storage.data_dir with --config, else ./apron-data.
+        #[arg(long, env = "APRON_DATA")]
+        data: Option<PathBuf>,
+        /// Price book for the report's price table and version stamp (default: the
+        /// config's cost.price_book, else the one `apron up` wrote into the data
+        /// directory, if any).
         #[arg(long)]
         price_book: Option<PathBuf>,
         /// Rebuild a stored week and print what changed.
         #[arg(long)]
         recompute: bool,
+        /// `apron serve`'s config file: its [storage], [cost] price book and [report]
+        /// (share_unallocated, and the deliveries of --send).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Deliver the week now as the schedule would ([report] dir, [report.email],
+        /// [report.webhook] of --config), e.g. to test a mail setup. A week already
+        /// delivered is refused (see --resend).
+        #[arg(long)]
+        send: bool,
+        /// With --send: deliver again a week already delivered.
+        #[arg(long, requires = "send")]
+        resend: bool,
+    },
+    /// Price books: show one's $/GPU-hour table, or import a SkyPilot catalog.
+    Pricebook {
+        #[command(subcommand)]
+        action: PricebookAction,
     },
     /// All in one on this machine: the server and an agent on the local GPUs (or a
     /// simulated fleet), on loopback.
@@ -137,6 +156,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let addr = listener.local_addr()?;
                 let (store, ingest, query, rollup, cost) =
                     (config.store, config.ingest, config.query, config.rollup, config.cost);
+                let report = config.report;
                 let tokens: Vec<Box<[u8]>> =
                     config.sql_tokens.iter().map(|t| t.as_bytes().to_vec().into_boxed_slice()).collect();
                 if tokens.is_empty() {
@@ -146,7 +166,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let server = tokio::task::spawn_blocking(move || Server::open(store, ingest, query, auth))
                     .await??
                     .with_rollup(rollup)
-                    .with_cost(cost)?;
+                    .with_cost(cost)?
+                    .with_report(report);
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
                 println!("listening on {addr}");
@@ -154,9 +175,11 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         }
-        Command::Report { week, format, out, data, price_book, recompute } => {
-            rt.block_on(report_command(week, format, out, data, price_book, recompute))
+        Command::Report { week, format, out, data, price_book, recompute, config, send, resend } => {
+            let options = ReportOptions { week, format, out, data, price_book, recompute, config, send, resend };
+            rt.block_on(report_command(options))
         }
+        Command::Pricebook { action } => pricebook_command(action),
         Command::Up { http, data, pg, backfill } => rt.block_on(async move {
             let options = UpOptions { http, data_dir: data, pg: pg.clone(), hostname: machine_hostname(), backfill };
             let up = Up::start(options).await?;
@@ -165,6 +188,55 @@ fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }),
     }
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PricebookAction {
+    /// Checks a price book and prints its per-model $/GPU-hour table (on-prem
+    /// derivations included).
+    Show { file: PathBuf },
+    /// Turns a SkyPilot catalog CSV (e.g. skypilot-catalog's vms.csv) into `[[price]]`
+    /// entries on stdout, per GPU (instance price / accelerator count), the cheapest row
+    /// per model; accelerators with no NVML mapping are listed on stderr.
+    ImportSkypilot {
+        file: PathBuf,
+        /// Import SpotPrice as `spot` instead of Price as `on_demand`.
+        #[arg(long)]
+        spot: bool,
+        /// Only rows of this region.
+        #[arg(long)]
+        region: Option<String>,
+        /// Make the entries a per-cluster override.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// effective_from of the entries (RFC 3339 or YYYY-MM-DD, UTC).
+        #[arg(long)]
+        effective_from: Option<String>,
+    },
+}
+
+fn pricebook_command(action: PricebookAction) -> anyhow::Result<()> {
+    use apron_cost::pricebook::{SkyPilotImport, SkyPilotPrice, import_skypilot_csv};
+    match action {
+        PricebookAction::Show { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let book = apron_cost::PriceBook::from_toml(&text).with_context(|| format!("price book {}", file.display()))?;
+            println!("price book {} (version {})", file.display(), book.version());
+            print!("{}", book.render_table());
+        }
+        PricebookAction::ImportSkypilot { file, spot, region, cluster, effective_from } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let effective_from_us = effective_from.as_deref().map(apron_cost::time::parse_instant).transpose()?;
+            let price = if spot { SkyPilotPrice::Spot } else { SkyPilotPrice::OnDemand };
+            let out = import_skypilot_csv(&text, &SkyPilotImport { price, region, cluster, effective_from_us })?;
+            print!("{}", apron_cost::PriceBook::entries_to_toml(&out.entries));
+            for (name, rows) in &out.unmapped {
+                eprintln!("apron pricebook: no NVML model for SkyPilot accelerator {name:?} ({rows} rows): not imported");
+            }
+            eprintln!("apron pricebook: {} entries", out.entries.len());
+        }
+    }
+    Ok(())
 }
 
 /// `apron sql`'s output formats.
@@ -248,20 +320,40 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
     }
 }
 
-async fn report_command(
+/// `apron report`'s arguments.
+struct ReportOptions {
     week: Option<String>,
     format: apron::report::ReportFormat,
     out: PathBuf,
-    data: PathBuf,
+    data: Option<PathBuf>,
     price_book: Option<PathBuf>,
     recompute: bool,
-) -> anyhow::Result<()> {
+    config: Option<PathBuf>,
+    send: bool,
+    resend: bool,
+}
+
+async fn report_command(o: ReportOptions) -> anyhow::Result<()> {
     let now = apron_common::UnixMicros::now().0;
-    let week = match week {
-        Some(w) => apron_cost::IsoWeek::parse(&w)?,
+    let week = match &o.week {
+        Some(w) => apron_cost::IsoWeek::parse(w)?,
         None => apron::report::current_week(now).context("cannot tell the current week")?.previous(),
     };
-    let book_path = price_book.or_else(|| {
+    let file = match &o.config {
+        Some(path) => Some(FileConfig::load(path)?),
+        None => None,
+    };
+    if let Some(f) = &file {
+        f.report.validate()?;
+    }
+    if o.send && file.is_none() {
+        anyhow::bail!("--send needs --config apron.toml (its [report] deliveries)");
+    }
+    let data = o
+        .data
+        .or_else(|| file.as_ref().map(|f| f.storage.data_dir.clone()))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let book_path = o.price_book.or_else(|| file.as_ref().and_then(|f| f.cost.price_book.clone())).or_else(|| {
         let p = data.join(apron::up::EXAMPLE_PRICE_BOOK);
         p.exists().then_some(p)
     });
@@ -274,6 +366,7 @@ async fn report_command(
         ),
         None => None,
     };
+    let report_config = file.map(|f| f.report).unwrap_or_default();
     let source = apron_query::DirectorySource::open(&data)
         .with_context(|| format!("cannot open the data directory {}", data.display()))?;
     let state = source.data_dir().join(apron_query::rollup::STATE_FILE);
@@ -283,10 +376,12 @@ async fn report_command(
         Some(state),
     )?;
     eprintln!("apron report: building {week} from {}", data.display());
-    let (files, changed) = apron::report::produce(&engine, book.as_ref(), &data, week, format, recompute, now)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    if recompute {
+    let share = report_config.share_unallocated;
+    let (files, changed) =
+        apron::report::produce(&engine, book.as_ref(), &data, week, o.format, o.recompute, share, now)
+            .await
+            .map_err(anyhow::Error::msg)?;
+    if o.recompute {
         if changed.is_empty() {
             eprintln!("apron report: recomputed {week}: nothing changed");
         } else {
@@ -296,11 +391,23 @@ async fn report_command(
             }
         }
     }
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
     for (name, bytes) in files {
-        let path = out.join(format!("apron-{week}-{name}"));
+        let path = o.out.join(format!("apron-{week}-{name}"));
         std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
         println!("{}", path.display());
+    }
+    if o.send {
+        let schedule =
+            apron::schedule::Schedule::new(std::sync::Arc::new(engine), book, data.clone(), report_config);
+        let r = schedule.send(week, o.resend, now).await.map_err(anyhow::Error::msg)?;
+        for d in &r.delivered {
+            eprintln!("apron report: {week}: {d} delivered");
+        }
+        if !r.errors.is_empty() {
+            anyhow::bail!("{week}: delivery failed: {}", r.errors.join("; "));
+        }
+        eprintln!("apron report: recorded in {}", schedule.sent_path(week).display());
     }
     Ok(())
 }

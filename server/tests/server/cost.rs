@@ -14,9 +14,9 @@ use apron_cost::report::ShareUnallocated;
 use apron_query::{Format, QueryEngine};
 
 /// 2026-11-19, a Thursday of ISO week 2026-W47.
-const D: i64 = 20_776;
-const DAY: i64 = 86_400_000_000;
-const SEC: i64 = 1_000_000;
+pub(super) const D: i64 = 20_776;
+pub(super) const DAY: i64 = 86_400_000_000;
+pub(super) const SEC: i64 = 1_000_000;
 const TEN: i64 = D * DAY + 10 * 3600 * SEC;
 
 fn gpu() -> GpuIdentity {
@@ -43,7 +43,7 @@ fn stats(mean: f64, max: f64) -> Option<FieldStats> {
 /// | 11:35–11:45 | nobody | 0 / 0 | unallocated idle 600 s |
 /// | 11:45–11:50 | nobody | 0.4 / 0.5 | unallocated busy 300 s |
 /// | 11:50–12:00 | no data | | unknown 600 s |
-fn trace() -> Vec<GpuWindow> {
+pub(super) fn trace() -> Vec<GpuWindow> {
     let mut holder = GpuHolder::pod(Some("ml".into()), Some("train-a".into()), None);
     holder.pod_labels = Some(r#"{"team":"ml","app":"trainer"}"#.into());
     let segments: [(i64, i64, bool, f64, f64); 6] = [
@@ -74,7 +74,7 @@ async fn rows(engine: &QueryEngine, sql: &str) -> Vec<serde_json::Value> {
 }
 
 /// A price book at $3.60 per GPU-hour: exactly $0.001 per second.
-const BOOK: &str = "version = \"test-1\"\n[[price]]\nmodel = \"H100\"\nmatch = [\"H100 80GB HBM3\"]\nkind = \"on_demand\"\nusd_per_gpu_hour = \"3.60\"\n";
+pub(super) const BOOK: &str = "version = \"test-1\"\n[[price]]\nmodel = \"H100\"\nmatch = [\"H100 80GB HBM3\"]\nkind = \"on_demand\"\nusd_per_gpu_hour = \"3.60\"\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
@@ -240,13 +240,13 @@ async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
     let later = week.end_us() + DAY;
     let data = store.data_dir().to_path_buf();
     let book = ledger.price_book();
-    let (first, _) = report::produce(engine, book, &data, week, ReportFormat::Json, false, later).await.expect("first");
+    let (first, _) = report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later).await.expect("first");
     assert!(report::stored_dir(&data, week).join("report.xlsx").exists());
     let (again, _) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, false, later + DAY).await.expect("again");
+        report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later + DAY).await.expect("again");
     assert_eq!(first, again, "a stored week re-renders identically");
     let (_, changed) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, true, later + DAY).await.expect("recompute");
+        report::produce(engine, book, &data, week, ReportFormat::Json, true, ShareUnallocated::None, later + DAY).await.expect("recompute");
     assert_eq!(changed, Vec::<String>::new());
 
     // Over HTTP, and the idle dollars on the server's /metrics.
@@ -298,4 +298,112 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (status, body)
+}
+
+/// The process-owner fallback: a GPU nobody holds, busy 10:00–10:40, whose process list
+/// shows carol (mapped to team vision) every 5 s from 10:00:00 to 10:19:55 and mallory
+/// (unmapped) from 10:20:00 to 10:39:55.
+///
+/// A window belongs to the user of the latest mapped process sample at or before its
+/// end, if at most 10 s before: carol's last sample (10:19:55) covers windows ending up
+/// to 10:20:05, so vision gets windows ending 10:00:01 … 10:20:05 = 1205 s active, the
+/// rest (10:20:05–10:40) is unallocated busy 1195 s, and 10:40–11:00 unknown 1200 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_owners_are_the_last_fallback_for_mapped_users_only() {
+    use apron_common::ProcessRow;
+    use apron_common::wire::processes_to_batch;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path());
+    let store = server.store().clone();
+    let mut windows = Vec::new();
+    for s in 1..=2400 {
+        let mut w = GpuWindow::new(UnixMicros(TEN + s * SEC), Duration::from_secs(1), gpu());
+        w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
+        windows.push(w);
+    }
+    let procs: Vec<ProcessRow> = (0..480)
+        .map(|k| ProcessRow {
+            time: UnixMicros(TEN + k * 5 * SEC),
+            host: HostName::new("node-0").expect("host"),
+            gpu_uuid: GpuUuid::new("GPU-A").expect("uuid"),
+            pid: 4000,
+            process_name: Some("python".into()),
+            user: Some(if k < 240 { "carol" } else { "mallory" }.into()),
+            fb_used_bytes: Some(1 << 30),
+            sm_util: Some(0.5),
+            container_id: None,
+            pod: None,
+            namespace: None,
+            container: None,
+            pod_uid: None,
+            job_id: None,
+        })
+        .collect();
+    for (n, (table, body)) in [
+        (Table::GpuSamples, encode_ipc(&windows_to_batch(&windows).expect("batch")).expect("ipc")),
+        (Table::GpuProcesses, encode_ipc(&processes_to_batch(&procs).expect("batch")).expect("ipc")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        store.ingest(IngestRequest { table, agent: "a", epoch: "e", sequence: n as u64, body: &body }).expect("ingest");
+    }
+    store.persist_now().expect("persist");
+    let mut config = CostConfig::default();
+    config.teams.users.insert("carol".into(), "vision".into());
+    let server = server.with_cost(config).expect("cost on");
+    let ledger = server.ledger().expect("ledger").clone();
+    let r = ledger.run_once((D + 1) * DAY).await;
+    assert_eq!(r.errors, Vec::<String>::new());
+    let engine = server.engine().clone();
+    let got = rows(
+        &engine,
+        "SELECT team, CAST(active_s AS DOUBLE) AS a, CAST(unallocated_busy_s AS DOUBLE) AS b, \
+         CAST(unknown_s AS DOUBLE) AS u, cost_usd FROM gpu_cost_hourly \
+         WHERE hour = TIMESTAMP '2026-11-19T10:00:00Z' ORDER BY team",
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![serde_json::json!(["unallocated", 0.0, 1195.0, 1200.0, null]), serde_json::json!(["vision", 1205.0, 0.0, 0.0, null])],
+        "no price book: money is NULL, never 0"
+    );
+    let allocs = rows(&engine, "SELECT owner_kind, owner, team, source FROM allocations").await;
+    assert_eq!(allocs, vec![serde_json::json!(["process", "carol", "vision", "process"])]);
+}
+
+/// `apron pricebook`: the example book's table, and a SkyPilot catalog turned into
+/// entries (p5.48xlarge $98.32 / 8 GPUs = $12.29 per GPU-hour; an unknown accelerator
+/// reported, not dropped silently).
+#[test]
+fn pricebook_cli_shows_and_imports() {
+    let book = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/pricebook.example.toml");
+    let o = std::process::Command::new(super::APRON).args(["pricebook", "show", book]).output().expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("example-2026-12") && table.contains("1.540881") && table.contains("12.29"), "{table}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = dir.path().join("vms.csv");
+    std::fs::write(
+        &csv,
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,SpotPrice\n\
+         p5.48xlarge,H100,8,192,2048,98.32,us-east-1,39.33\n\
+         x1.fancy,Quantum9000,1,4,16,5.00,us-east-1,\n",
+    )
+    .expect("csv");
+    let o = std::process::Command::new(super::APRON)
+        .args(["pricebook", "import-skypilot", "--region", "us-east-1"])
+        .arg(&csv)
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let toml = String::from_utf8_lossy(&o.stdout);
+    assert!(toml.contains("[[price]]") && toml.contains("12.29"), "{toml}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Quantum9000"));
+    // The output is a valid price book once a version is added.
+    apron_cost::PriceBook::from_toml(&format!("version = \"import\"\n{toml}")).expect("parses");
+
+    let o = std::process::Command::new(super::APRON).args(["pricebook", "show", "/nonexistent.toml"]).output().expect("runs");
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("/nonexistent.toml"));
 }
