@@ -7,6 +7,8 @@ need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+# The STARTTLS test makes a private CA with the openssl CLI.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # A real single-node Slurm for the prolog/epilog test (tests/slurm/run.sh), and the
 # linter it runs on deploy/slurm/*.sh.
 command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm)
@@ -30,6 +32,12 @@ if ! python3 -c "import duckdb, pyarrow" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check "duckdb>=1.1" "pyarrow>=17"
 fi
 
+# A real SMTP server for the weekly report e-mail, and a reader for its XLSX attachment
+# (server/tests/server/schedule.rs).
+if ! python3 -c "import aiosmtpd, openpyxl" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check "aiosmtpd>=1.4" "openpyxl>=3.1"
+fi
+
 # A real S3-compatible server for the object-store storage root (query/tests/query.rs).
 # Built once into ~/.cache/apron-tools, outside the clone, so CI does not rebuild it
 # every run (the tests look there, or at $APRON_S3S_FS).
@@ -41,6 +49,7 @@ fi
 prometheus --version 2>&1 | head -1
 "$S3S_FS" --version
 python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
+python3 -c "import aiosmtpd, openpyxl; print('aiosmtpd', aiosmtpd.__version__, '/ openpyxl', openpyxl.__version__)"
 promtool --version 2>&1 | head -1
 slurmd -V
 munged --version

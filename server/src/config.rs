@@ -22,6 +22,10 @@
 //! [cost.teams]                       # team maps, workload-kind and interruptible rules
 //! enabled = true
 //! interval = "1m"
+//!
+//! [report]                           # the weekly report schedule (crate::schedule)
+//! [report.email]                     # SMTP delivery
+//! [report.webhook]                   # JSON (Slack-compatible) delivery
 //! ```
 
 use std::net::SocketAddr;
@@ -77,6 +81,9 @@ pub struct FileConfig {
     /// The cost ledger: price book, thresholds, team maps (`crate::ledger`).
     #[serde(default)]
     pub cost: crate::ledger::CostConfig,
+    /// The weekly report schedule: e-mail, webhook, export directory (`crate::schedule`).
+    #[serde(default)]
+    pub report: crate::schedule::ReportConfig,
 }
 
 /// Who may run SQL (`POST /api/v1/sql`). Without a token the endpoint refuses every
@@ -135,6 +142,7 @@ pub struct ServeConfig {
     pub sql_tokens: Vec<String>,
     pub rollup: RollupConfig,
     pub cost: crate::ledger::CostConfig,
+    pub report: crate::schedule::ReportConfig,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -242,6 +250,7 @@ impl FileConfig {
         if let Some(t) = o.sql_token {
             sql_tokens.push(check_token("APRON_SQL_TOKEN".into(), t)?);
         }
+        self.report.validate()?;
         Ok(ServeConfig {
             listen,
             store,
@@ -250,6 +259,7 @@ impl FileConfig {
             sql_tokens,
             rollup: self.rollup,
             cost: self.cost,
+            report: self.report,
         })
     }
 }

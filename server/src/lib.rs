@@ -23,6 +23,7 @@ pub mod config;
 pub mod derive;
 pub mod ledger;
 pub mod report;
+pub mod schedule;
 pub mod sql;
 pub mod up;
 
@@ -118,6 +119,8 @@ pub struct Server {
     cost_metrics: ledger::CostMetrics,
     reports: Router,
     sql_auth: SqlAuth,
+    report: schedule::ReportConfig,
+    schedule: Option<Arc<schedule::Schedule>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -158,7 +161,14 @@ impl Server {
             .map_err(|e| ServerError::Query(e.to_string()))?;
         let engine = Arc::new(engine);
         let sql = sql::router(engine.clone(), sql_auth.clone());
-        let reports = report::router(engine.clone(), None, store.data_dir().to_path_buf(), sql_auth.clone());
+        let report = schedule::ReportConfig::default();
+        let reports = report::router(
+            engine.clone(),
+            None,
+            store.data_dir().to_path_buf(),
+            sql_auth.clone(),
+            report.share_unallocated,
+        );
         Ok(Server {
             store,
             ingest,
@@ -169,6 +179,8 @@ impl Server {
             cost_metrics,
             reports,
             sql_auth,
+            report,
+            schedule: None,
         })
     }
 
@@ -186,15 +198,43 @@ impl Server {
             return Ok(self);
         }
         let l = ledger::Ledger::new(self.store.clone(), self.engine.clone(), cost).map_err(ServerError::Cost)?;
-        let l = Arc::new(l);
-        self.reports = report::router(
+        self.ledger = Some(Arc::new(l));
+        self.reports = self.reports_router();
+        Ok(self)
+    }
+
+    fn reports_router(&self) -> Router {
+        report::router(
             self.engine.clone(),
-            Some(l.clone()),
+            self.ledger.clone(),
             self.store.data_dir().to_path_buf(),
             self.sql_auth.clone(),
-        );
-        self.ledger = Some(l);
-        Ok(self)
+            self.report.share_unallocated,
+        )
+    }
+
+    /// The weekly report settings (`[report]`): reports are built with its
+    /// `share_unallocated`, and when enabled [`Server::run`] runs the schedule. Call
+    /// after [`Server::with_cost`]: the schedule prices with the ledger's price book.
+    pub fn with_report(mut self, config: schedule::ReportConfig) -> Server {
+        self.schedule = config.enabled.then(|| {
+            let book = self.ledger.as_ref().and_then(|l| l.price_book().cloned());
+            Arc::new(schedule::Schedule::new(
+                self.engine.clone(),
+                book,
+                self.store.data_dir().to_path_buf(),
+                config.clone(),
+            ))
+        });
+        self.report = config;
+        self.reports = self.reports_router();
+        self
+    }
+
+    /// The weekly report schedule, when enabled ([`Server::with_report`]; tests call
+    /// its `run_once` directly).
+    pub fn schedule(&self) -> Option<&Arc<schedule::Schedule>> {
+        self.schedule.as_ref()
     }
 
     /// The cost ledger, when turned on ([`Server::with_cost`]).
@@ -235,6 +275,10 @@ impl Server {
             tracing::info!("cost ledger started");
             AbortOnDrop(tokio::spawn(l.run(self.cost_metrics.clone())))
         });
+        let schedule = self.schedule.clone().map(|s| {
+            tracing::info!(deliveries = ?s.config().deliveries(), "weekly report schedule started");
+            AbortOnDrop(tokio::spawn(s.run()))
+        });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = app(self.ingest.clone(), self.sql.clone().merge(self.reports.clone()));
         let mut serving = tokio::spawn(async move {
@@ -274,6 +318,7 @@ impl Server {
         // recorded (then re-rolled at the next start).
         drop(materializer);
         drop(ledger);
+        drop(schedule);
         let store = self.store.clone();
         let persisted = tokio::task::spawn_blocking(move || store.persist_now())
             .await

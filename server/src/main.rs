@@ -220,7 +220,8 @@ fn pricebook_command(action: PricebookAction) -> anyhow::Result<()> {
     match action {
         PricebookAction::Show { file } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-            let book = apron_cost::PriceBook::from_toml(&text).with_context(|| format!("price book {}", file.display()))?;
+            let book =
+                apron_cost::PriceBook::from_toml(&text).with_context(|| format!("price book {}", file.display()))?;
             println!("price book {} (version {})", file.display(), book.version());
             print!("{}", book.render_table());
         }
@@ -231,7 +232,9 @@ fn pricebook_command(action: PricebookAction) -> anyhow::Result<()> {
             let out = import_skypilot_csv(&text, &SkyPilotImport { price, region, cluster, effective_from_us })?;
             print!("{}", apron_cost::PriceBook::entries_to_toml(&out.entries));
             for (name, rows) in &out.unmapped {
-                eprintln!("apron pricebook: no NVML model for SkyPilot accelerator {name:?} ({rows} rows): not imported");
+                eprintln!(
+                    "apron pricebook: no NVML model for SkyPilot accelerator {name:?} ({rows} rows): not imported"
+                );
             }
             eprintln!("apron pricebook: {} entries", out.entries.len());
         }
@@ -398,8 +401,7 @@ async fn report_command(o: ReportOptions) -> anyhow::Result<()> {
         println!("{}", path.display());
     }
     if o.send {
-        let schedule =
-            apron::schedule::Schedule::new(std::sync::Arc::new(engine), book, data.clone(), report_config);
+        let schedule = apron::schedule::Schedule::new(std::sync::Arc::new(engine), book, data.clone(), report_config);
         let r = schedule.send(week, o.resend, now).await.map_err(anyhow::Error::msg)?;
         for d in &r.delivered {
             eprintln!("apron report: {week}: {d} delivered");

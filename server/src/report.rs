@@ -26,7 +26,8 @@ use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Decimal128Type, Int64Type, TimestampMicrosecondType};
 
 /// A rendering of a report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ReportFormat {
     Json,
     Csv,
@@ -294,8 +295,10 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, Strin
 }
 
 /// Builds `week`'s report, or serves it as stored. A finished week (its end has passed)
-/// is stored the first time it is built; `recompute` rebuilds and replaces it and
-/// returns what changed.
+/// is stored the first time it is built (with `share` as the unallocated idle
+/// presentation; a stored week keeps the one it was built with); `recompute` rebuilds
+/// and replaces it and returns what changed.
+#[allow(clippy::too_many_arguments)]
 pub async fn produce(
     engine: &QueryEngine,
     book: Option<&PriceBook>,
@@ -303,12 +306,13 @@ pub async fn produce(
     week: IsoWeek,
     format: ReportFormat,
     recompute: bool,
+    share: ShareUnallocated,
     now_us: i64,
 ) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>), String> {
     if !recompute && let Some(files) = load_stored(data_dir, week, format) {
         return Ok((files, Vec::new()));
     }
-    let fresh = build(engine, book, week, ShareUnallocated::None, now_us).await?;
+    let fresh = build(engine, book, week, share, now_us).await?;
     let mut changed = Vec::new();
     if recompute && let Ok(old) = std::fs::read_to_string(stored_dir(data_dir, week).join("report.json")) {
         changed = changes(&old, &fresh)?;
@@ -325,6 +329,7 @@ struct ReportState {
     ledger: Option<std::sync::Arc<crate::ledger::Ledger>>,
     data_dir: PathBuf,
     auth: crate::SqlAuth,
+    share: ShareUnallocated,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -336,18 +341,21 @@ struct ReportQuery {
 }
 
 /// `GET /api/v1/reports/weekly?week=2026-W48&format=json|csv|html|xlsx[&table=teams]`,
-/// behind the same tokens as SQL.
+/// behind the same tokens as SQL. Weeks are built with `share` (`[report]
+/// share_unallocated`), as the schedule builds them.
 pub fn router(
     engine: std::sync::Arc<QueryEngine>,
     ledger: Option<std::sync::Arc<crate::ledger::Ledger>>,
     data_dir: PathBuf,
     auth: crate::SqlAuth,
+    share: ShareUnallocated,
 ) -> axum::Router {
     axum::Router::new().route("/api/v1/reports/weekly", axum::routing::get(weekly)).with_state(ReportState {
         engine,
         ledger,
         data_dir,
         auth,
+        share,
     })
 }
 
@@ -382,7 +390,7 @@ async fn weekly(
         }
     };
     let book = state.ledger.as_ref().and_then(|l| l.price_book());
-    let files = match produce(&state.engine, book, &state.data_dir, week, format, false, now).await {
+    let files = match produce(&state.engine, book, &state.data_dir, week, format, false, state.share, now).await {
         Ok((files, _)) => files,
         Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "report_failed", &e),
     };

@@ -13,6 +13,8 @@
 mod cost;
 #[path = "server/rollup.rs"]
 mod rollup;
+#[path = "server/schedule.rs"]
+mod schedule;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use super::rollup::open;
 use apron::ledger::{CostConfig, Ledger};
 use apron::report::{self, ReportFormat};
-use super::rollup::open;
 use apron_collector::{IngestRequest, Table};
 use apron_common::wire::{encode_ipc, windows_to_batch};
 use apron_common::{Field, FieldStats, GpuHolder, GpuIdentity, GpuUuid, GpuWindow, HostName, UnixMicros};
@@ -240,13 +240,20 @@ async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
     let later = week.end_us() + DAY;
     let data = store.data_dir().to_path_buf();
     let book = ledger.price_book();
-    let (first, _) = report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later).await.expect("first");
+    let (first, _) =
+        report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later)
+            .await
+            .expect("first");
     assert!(report::stored_dir(&data, week).join("report.xlsx").exists());
     let (again, _) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later + DAY).await.expect("again");
+        report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later + DAY)
+            .await
+            .expect("again");
     assert_eq!(first, again, "a stored week re-renders identically");
     let (_, changed) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, true, ShareUnallocated::None, later + DAY).await.expect("recompute");
+        report::produce(engine, book, &data, week, ReportFormat::Json, true, ShareUnallocated::None, later + DAY)
+            .await
+            .expect("recompute");
     assert_eq!(changed, Vec::<String>::new());
 
     // Over HTTP, and the idle dollars on the server's /metrics.
@@ -365,7 +372,10 @@ async fn process_owners_are_the_last_fallback_for_mapped_users_only() {
     .await;
     assert_eq!(
         got,
-        vec![serde_json::json!(["unallocated", 0.0, 1195.0, 1200.0, null]), serde_json::json!(["vision", 1205.0, 0.0, 0.0, null])],
+        vec![
+            serde_json::json!(["unallocated", 0.0, 1195.0, 1200.0, null]),
+            serde_json::json!(["vision", 1205.0, 0.0, 0.0, null])
+        ],
         "no price book: money is NULL, never 0"
     );
     let allocs = rows(&engine, "SELECT owner_kind, owner, team, source FROM allocations").await;
@@ -404,6 +414,9 @@ fn pricebook_cli_shows_and_imports() {
     // The output is a valid price book once a version is added.
     apron_cost::PriceBook::from_toml(&format!("version = \"import\"\n{toml}")).expect("parses");
 
-    let o = std::process::Command::new(super::APRON).args(["pricebook", "show", "/nonexistent.toml"]).output().expect("runs");
+    let o = std::process::Command::new(super::APRON)
+        .args(["pricebook", "show", "/nonexistent.toml"])
+        .output()
+        .expect("runs");
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("/nonexistent.toml"));
 }
