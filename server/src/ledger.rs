@@ -279,6 +279,7 @@ impl Ledger {
                 self.allocation_rows(uuid, &g, day_start, day_end, hi, now_us, &mut allocs).await?;
             }
         }
+        self.mig_parents(&range, day_start, to_us, &mut cost).await?;
         let date = crate::derive::date_string(day);
         let (n_cost, n_alloc) = (cost.len(), allocs.len());
         let cost_batch = cost.finish()?;
@@ -433,6 +434,48 @@ impl Ledger {
                     id
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// MIG: instances carry cost and state (they are GPUs of their own above); the
+    /// parent's capacity that no instance holds is the parent's unallocated idle,
+    /// priced at its compute share — `(7 − Σ instance slices)/7` of the parent's price
+    /// (the price book's n/7 rule, through the profile `"<free>g.unallocated"`). The
+    /// parent's own activity fields describe its instances, so they are not classified.
+    async fn mig_parents(&self, range: &str, from: i64, to: i64, out: &mut CostRows) -> Result<(), String> {
+        let batches = self
+            .query(&format!(
+                "SELECT DISTINCT parent_gpu_uuid, gpu_uuid, mig_profile FROM gpu_samples \
+                 WHERE {range} AND parent_gpu_uuid IS NOT NULL ORDER BY parent_gpu_uuid, gpu_uuid"
+            ))
+            .await?;
+        let mut slices: BTreeMap<String, u32> = BTreeMap::new();
+        for b in &batches {
+            let (parent, profile) = (b.column(0).as_string::<i32>(), b.column(2).as_string::<i32>());
+            for r in 0..b.num_rows() {
+                let n = (!profile.is_null(r)).then(|| apron_cost::pricebook::mig_slices(profile.value(r))).flatten();
+                *slices.entry(parent.value(r).to_owned()).or_default() += u32::from(n.unwrap_or(0));
+            }
+        }
+        for (parent, used) in slices {
+            let free = 7u32.saturating_sub(used);
+            if free == 0 {
+                continue;
+            }
+            let mut g = self.gpu_windows(&parent, range).await?;
+            if g.windows.is_empty() {
+                continue;
+            }
+            g.holders.clear();
+            for w in &mut g.windows {
+                w.holder = None;
+                w.sm_active_max = Some(0.0);
+                w.gpu_util_max = Some(0.0);
+                w.sm_active_mean = Some(0.0);
+            }
+            g.mig_profile = Some(format!("{free}g.unallocated"));
+            self.cost_rows(&parent, &g, from, to, out)?;
         }
         Ok(())
     }

@@ -420,3 +420,63 @@ fn pricebook_cli_shows_and_imports() {
         .expect("runs");
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("/nonexistent.toml"));
 }
+
+/// MIG: an H100 ($7.00/h, so a slice is $1.00/h) split into one `3g.40gb` instance held
+/// and busy for 10:00–11:00. The instance costs 3/7 × 7.00 = $3.00 (active); the 4/7
+/// of the parent no instance holds is the parent's unallocated idle, 4/7 × 7.00 =
+/// $4.00 — together the whole card's $7.00, nothing counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_instances_carry_cost_and_free_capacity_is_the_parents_unallocated_idle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path());
+    let store = server.store().clone();
+    let parent = gpu();
+    let mut child = GpuIdentity::gpu(
+        HostName::new("node-0").expect("host"),
+        GpuUuid::new("MIG-A-1").expect("uuid"),
+        0,
+        "NVIDIA H100 80GB HBM3",
+    );
+    child.parent_gpu_uuid = Some(GpuUuid::new("GPU-A").expect("uuid"));
+    child.mig_profile = Some("3g.40gb".into());
+    let mut rows = Vec::new();
+    for s in 1..=3600 {
+        let mut w = GpuWindow::new(UnixMicros(TEN + s * SEC), Duration::from_secs(1), child.clone());
+        w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
+        w.owner = Some(GpuHolder::pod(Some("ml".into()), Some("infer-0".into()), None));
+        rows.push(w);
+        let mut p = GpuWindow::new(UnixMicros(TEN + s * SEC), Duration::from_secs(1), parent.clone());
+        // The parent's device fields reflect its instances' work: not classified.
+        p.fields[Field::SmActive.index()] = stats(0.2, 0.3);
+        rows.push(p);
+    }
+    let body = encode_ipc(&windows_to_batch(&rows).expect("batch")).expect("ipc");
+    store
+        .ingest(IngestRequest { table: Table::GpuSamples, agent: "a", epoch: "e", sequence: 0, body: &body })
+        .expect("ingest");
+    store.persist_now().expect("persist");
+    let book = dir.path().join("prices.toml");
+    std::fs::write(&book, BOOK.replace("3.60", "7.00")).expect("book");
+    let server = server.with_cost(CostConfig { price_book: Some(book), ..CostConfig::default() }).expect("cost");
+    let ledger = server.ledger().expect("ledger").clone();
+    assert_eq!(ledger.run_once((D + 1) * DAY).await.errors, Vec::<String>::new());
+    let got = rows_of(
+        server.engine(),
+        "SELECT gpu_uuid, team, CAST(active_s AS DOUBLE) AS a, CAST(unallocated_idle_s AS DOUBLE) AS i, \
+         CAST(cost_usd AS VARCHAR) AS c, CAST(idle_cost_usd AS VARCHAR) AS ic FROM gpu_cost_hourly \
+         WHERE hour = TIMESTAMP '2026-11-19T10:00:00Z' ORDER BY gpu_uuid",
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![
+            serde_json::json!(["GPU-A", "unallocated", 0.0, 3600.0, "4.000000", "4.000000"]),
+            // No team label and no namespace map: the pod's team is `unassigned`.
+            serde_json::json!(["MIG-A-1", "unassigned", 3600.0, 0.0, "3.000000", "0.000000"]),
+        ]
+    );
+}
+
+async fn rows_of(engine: &std::sync::Arc<QueryEngine>, sql: &str) -> Vec<serde_json::Value> {
+    rows(engine, sql).await
+}
