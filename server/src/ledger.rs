@@ -107,6 +107,8 @@ pub struct Ledger {
     config: CostConfig,
     book: Option<PriceBook>,
     pass: tokio::sync::Mutex<()>,
+    /// Asks the running loop for a pass now (e.g. when a backfill has landed).
+    kick: tokio::sync::Notify,
 }
 
 /// One holder's facts as the windows carry them (the owner columns).
@@ -162,7 +164,12 @@ impl Ledger {
         };
         config.classify.validate().map_err(|e| format!("[cost.classify]: {e}"))?;
         config.teams.validate().map_err(|e| format!("[cost.teams]: {e}"))?;
-        Ok(Ledger { store, engine, config, book, pass: tokio::sync::Mutex::new(()) })
+        Ok(Ledger { store, engine, config, book, pass: tokio::sync::Mutex::new(()), kick: tokio::sync::Notify::new() })
+    }
+
+    /// Asks the running loop ([`Ledger::run`]) for a pass as soon as it can.
+    pub fn kick(&self) {
+        self.kick.notify_one();
     }
 
     pub fn price_book(&self) -> Option<&PriceBook> {
@@ -773,7 +780,10 @@ impl Ledger {
         let mut tick = tokio::time::interval(self.config.interval.max(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.kick.notified() => {}
+            }
             let r = self.run_once(UnixMicros::now().0).await;
             for e in &r.errors {
                 tracing::warn!(error = %e, "cost ledger");

@@ -40,6 +40,8 @@ const AGENT_FLUSH_INTERVAL: &str = "2s";
 /// The price book `apron up` prices with when it has no other: example figures.
 pub const EXAMPLE_PRICE_BOOK: &str = "pricebook.example.toml";
 const EXAMPLE_PRICES: &str = include_str!("../../deploy/pricebook.example.toml");
+/// The simulated fleet's team maps.
+const SIM_TEAMS: &str = include_str!("../../deploy/teams.sim.toml");
 
 /// What `apron up` was asked for.
 #[derive(Debug, Clone)]
@@ -116,6 +118,12 @@ impl Up {
         })
         .await
         .map_err(|e| ServerError::Task(e.to_string()))??;
+
+        let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|source| ServerError::Io { what: "cannot listen for the agent's /metrics".into(), source })?;
+        let agent_addr = agent_listener.local_addr().map_err(ServerError::Serve)?;
+        let (agent_config, source, choice) = open_agent(&options, &data_dir, addr, agent_addr, token)?;
         // Dollars from the first run: the example price book, written next to the data
         // (and said so in every report it prices).
         let book = data_dir.join(EXAMPLE_PRICE_BOOK);
@@ -123,18 +131,16 @@ impl Up {
             std::fs::write(&book, EXAMPLE_PRICES)
                 .map_err(|source| ServerError::Io { what: format!("cannot write {}", book.display()), source })?;
         }
-        let cost = crate::ledger::CostConfig {
+        let mut cost = crate::ledger::CostConfig {
             price_book: Some(book),
             interval: std::time::Duration::from_secs(60),
             ..crate::ledger::CostConfig::default()
         };
+        if choice.kind == SourceKind::Sim {
+            // The simulated organisation: its namespaces and Slurm accounts → teams.
+            cost.teams = apron_cost::TeamConfig::from_toml(SIM_TEAMS).map_err(|e| ServerError::Cost(e.to_string()))?;
+        }
         let server = server.with_cost(cost)?;
-
-        let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|source| ServerError::Io { what: "cannot listen for the agent's /metrics".into(), source })?;
-        let agent_addr = agent_listener.local_addr().map_err(ServerError::Serve)?;
-        let (agent_config, source, choice) = open_agent(&options, &data_dir, addr, agent_addr, token)?;
 
         let http = format!("http://{addr}");
         let endpoints = Endpoints {
@@ -190,10 +196,15 @@ impl Up {
                     "  seeding        the last {} of simulated history (in the background)…",
                     humantime::format_duration(span)
                 );
+                let ledger = self.server.ledger().cloned();
                 seeding = Some(tokio::task::spawn_blocking(move || {
                     match crate::backfill::run(&store, &sim, UnixMicros::now(), span, window) {
                         Ok(done) => {
-                            println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes)
+                            println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes);
+                            // Price the seeded history now rather than at the next tick.
+                            if let Some(l) = ledger {
+                                l.kick();
+                            }
                         }
                         Err(e) => tracing::error!("seeding simulated history failed: {e}"),
                     }

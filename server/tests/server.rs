@@ -1019,3 +1019,113 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     assert!(c.rows[&Table::GpuSamples] as f64 > first, "{c:?}");
     assert_eq!(c.memory_rows, 0, "persisted at shutdown");
 }
+
+/// Micro-dollars of a Decimal(…, 6) rendered as text ("12.345678", "-0.5", NULL → 0).
+fn micros(v: &Value) -> i64 {
+    let s = v.as_str().unwrap_or("0");
+    let (neg, s) = s.strip_prefix('-').map_or((false, s), |r| (true, r));
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let frac = format!("{frac:0<6}");
+    let m = int.parse::<i64>().unwrap_or(0) * 1_000_000 + frac[..6].parse::<i64>().unwrap_or(0);
+    if neg { -m } else { m }
+}
+
+/// Cents, rounded half-even, of micro-dollars (the report's rule).
+fn cents(m: i64) -> i64 {
+    let (q, r) = (m.div_euclid(10_000), m.rem_euclid(10_000));
+    if r > 5_000 || (r == 5_000 && q % 2 != 0) { q + 1 } else { q }
+}
+
+/// Issue "idle cost": on `apron up`'s simulated fleet the week's report shows stranded
+/// and unallocated idle dollars for the simulated organisation's teams, and they equal
+/// what SQL over `gpu_cost_hourly` gives (each team line = its rows' micro-dollars
+/// rounded half-even to cents), in JSON and in the HTML.
+#[test]
+fn apron_up_report_shows_the_fleets_idle_cost_equal_to_sql() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("apron-data");
+    let log = dir.path().join("up.log");
+    let mut child = Command::new(APRON)
+        .args(["up", "--http", "127.0.0.1:0", "--backfill", "50m", "--data"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("apron up starts");
+    struct Kill<'a>(&'a mut Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let endpoints: Value = poll("endpoints.json", Duration::from_secs(30), || {
+        serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).ok()?).ok()
+    });
+    let child = Kill(&mut child);
+    let http: SocketAddr = endpoints["http"]
+        .as_str()
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{endpoints}"));
+    let week = apron::report::current_week(now_us()).expect("week");
+    let (from, to) = (UnixMicros(week.start_us()).to_rfc3339(), UnixMicros(week.end_us()).to_rfc3339());
+    let sql = |q: &str| -> Value {
+        let r = request(http, "POST", "/api/v1/sql", &[("accept", "application/json")], q.as_bytes());
+        assert_eq!(r.status, 200, "{q}: {r:?}");
+        r.json()["rows"].clone()
+    };
+    let per_team = format!(
+        "SELECT team, CAST(sum(stranded_cost_usd) AS VARCHAR) AS s, \
+         CAST(sum(idle_cost_usd - stranded_cost_usd) AS VARCHAR) AS i, CAST(sum(cost_usd) AS VARCHAR) AS c \
+         FROM gpu_cost_hourly \
+         WHERE hour >= TIMESTAMP '{from}' AND hour < TIMESTAMP '{to}' GROUP BY team ORDER BY team"
+    );
+    // The seeded 50 minutes hold idle runs of ≥ 30 min (the 4-GPU Slurm job that uses
+    // one GPU) once the ledger has priced them.
+    let stranded_team = poll("stranded dollars in gpu_cost_hourly", Duration::from_secs(240), || {
+        let rows = sql(&per_team);
+        let t = rows.as_array()?.iter().find(|r| r[0] != "unallocated" && micros(&r[1]) > 0)?;
+        Some(t[0].as_str()?.to_owned())
+    });
+    // The live agent keeps adding rows and the ledger re-prices today every minute:
+    // compare a report with SQL read just before and just after it, equal to both.
+    let (report, rows) = poll("a report between two equal SQL reads", Duration::from_secs(180), || {
+        let before = sql(&per_team);
+        let r = get(http, &format!("/api/v1/reports/weekly?week={week}&format=json"));
+        assert_eq!(r.status, 200, "{r:?}");
+        let after = sql(&per_team);
+        (before == after).then(|| (r.json(), before))
+    });
+    let rows = rows.as_array().expect("rows");
+    let team_line = |t: &str| -> &Value {
+        if t == "unallocated" {
+            return &report["unallocated"];
+        }
+        report["teams"].as_array().and_then(|ts| ts.iter().find(|l| l["team"] == t)).unwrap_or_else(|| {
+            panic!("no {t} line: {report}");
+        })
+    };
+    let dollars = |v: &Value| (v.as_f64().expect("number") * 100.0).round() as i64;
+    for r in rows {
+        let team = r[0].as_str().expect("team");
+        let line = team_line(team);
+        // Each kind rounded from its exact sum; the idle total is the sum of the rounded
+        // kinds (a total line is the sum of the rounded lines above it).
+        let (stranded, other_idle) = (cents(micros(&r[1])), cents(micros(&r[2])));
+        let other = if team == "unallocated" { "unallocated_idle_cost_usd" } else { "allocated_idle_cost_usd" };
+        assert_eq!(dollars(&line["stranded_cost_usd"]), stranded, "{team} stranded: {line}");
+        assert_eq!(dollars(&line[other]), other_idle, "{team} {other}: {line}");
+        assert_eq!(dollars(&line["idle_cost_usd"]), stranded + other_idle, "{team} idle: {line}");
+        assert_eq!(dollars(&line["cost_usd"]), cents(micros(&r[3])), "{team} cost: {line}");
+    }
+    assert!(dollars(&team_line(&stranded_team)["stranded_cost_usd"]) > 0, "{report}");
+    assert!(dollars(&team_line("unallocated")["unallocated_idle_cost_usd"]) > 0, "{report}");
+    assert!(report["price_book_version"].as_str().is_some_and(|v| v.starts_with("example-")), "{report}");
+
+    // The HTML rendering carries the same figures.
+    let html = get(http, &format!("/api/v1/reports/weekly?week={week}&format=html")).body;
+    let ds = team_line(&stranded_team)["stranded_cost_usd"].as_f64().expect("number");
+    assert!(html.contains(&format!("{ds:.2}")), "{ds:.2} not in the HTML report");
+    drop(child);
+}
