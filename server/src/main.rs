@@ -170,8 +170,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .with_report(report);
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
+                let shutdown = shutdown_signal();
                 println!("listening on {addr}");
-                server.run(listener, shutdown_signal()).await?;
+                server.run(listener, shutdown).await?;
                 Ok(())
             })
         }
@@ -183,8 +184,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::Up { http, data, pg, backfill } => rt.block_on(async move {
             let options = UpOptions { http, data_dir: data, pg: pg.clone(), hostname: machine_hostname(), backfill };
             let up = Up::start(options).await?;
+            let shutdown = shutdown_signal();
             print_up(&up, pg.as_deref());
-            up.run(shutdown_signal()).await?;
+            up.run(shutdown).await?;
             Ok(())
         }),
     }
@@ -447,22 +449,29 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// The shutdown future. The SIGTERM handler is registered here, at once — not when the
+/// future is first polled — so a SIGTERM that arrives right after the server announced
+/// itself is a clean shutdown, never the default action (death by signal).
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        tracing::info!("shutdown signal received");
     }
-    tracing::info!("shutdown signal received");
 }
