@@ -56,6 +56,9 @@ mod testdata;
 pub use apron_common::wire::Table;
 pub use config::StoreConfig;
 pub use error::{IngestError, StoreError};
+/// Replace a small file atomically and durably (temp, fsync, rename, fsync the directory):
+/// the one implementation the server's state files, reports and endpoints use too.
+pub use fsutil::write_atomic;
 pub use memtable::TableStats;
 pub use persist::PersistedFile;
 pub use storage::{ObjectStoreConfig, Storage, StorageError};

@@ -301,17 +301,7 @@ impl RollupState {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| io(e.into()))?;
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io)?;
-        let tmp = dir.join(".rollup.json.tmp");
-        let write = || -> std::io::Result<()> {
-            use std::io::Write as _;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            drop(f);
-            std::fs::rename(&tmp, path)?;
-            std::fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(io)
+        apron_collector::write_atomic(path, &bytes).map_err(io)
     }
 }
 

@@ -636,10 +636,7 @@ fn save_state(path: &std::path::Path, state: &LedgerState) -> Result<(), String>
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    apron_collector::write_atomic(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// `gpu_cost_hourly` rows being built, in its wire schema.

@@ -240,10 +240,7 @@ pub fn store(data_dir: &Path, week: IsoWeek, report: &WeeklyReport) -> Result<Pa
     for format in [ReportFormat::Json, ReportFormat::Csv, ReportFormat::Html, ReportFormat::Xlsx] {
         for (name, bytes) in render(report, format)? {
             let path = dir.join(&name);
-            let tmp = dir.join(format!(".{name}.tmp"));
-            std::fs::write(&tmp, &bytes)
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            apron_collector::write_atomic(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
     Ok(dir)

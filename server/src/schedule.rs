@@ -364,11 +364,8 @@ impl Schedule {
         let path = self.sent_path(week);
         let dir = report::stored_dir(&self.data_dir, week);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let tmp = dir.join(format!(".{SENT_FILE}.tmp"));
         let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-        std::fs::write(&tmp, bytes)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| format!("{}: {e}", path.display()))
+        apron_collector::write_atomic(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// One pass as if the clock read `now_us`: delivers the due week's pending
@@ -508,10 +505,7 @@ impl Schedule {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for (name, _, bytes) in files {
             let path = dir.join(format!("apron-{week}-{name}"));
-            let tmp = dir.join(format!(".apron-{week}-{name}.tmp"));
-            std::fs::write(&tmp, bytes)
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            apron_collector::write_atomic(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         }
         Ok(format!("wrote {} files to {}", files.len(), dir.display()))
     }

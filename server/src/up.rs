@@ -14,7 +14,6 @@
 //! start and known to nobody else. Its spool is `<data>/agent-spool`.
 
 use std::future::Future;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -314,18 +313,11 @@ fn random_token() -> Result<String, ServerError> {
 /// never a part: temp file, fsync, rename, fsync the directory.
 fn write_endpoints(data_dir: &Path, endpoints: &Endpoints) -> Result<(), ServerError> {
     let path = data_dir.join("endpoints.json");
-    let tmp = data_dir.join(".endpoints.json.tmp");
     let io =
         |what: &str, source: std::io::Error| ServerError::Io { what: format!("{what} {}", path.display()), source };
     let mut text = serde_json::to_string_pretty(endpoints).map_err(|e| io("cannot encode", e.into()))?;
     text.push('\n');
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("cannot write", e))?;
-    f.write_all(text.as_bytes()).map_err(|e| io("cannot write", e))?;
-    f.sync_all().map_err(|e| io("cannot sync", e))?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(|e| io("cannot rename into", e))?;
-    std::fs::File::open(data_dir).and_then(|d| d.sync_all()).map_err(|e| io("cannot sync the directory of", e))?;
-    Ok(())
+    apron_collector::write_atomic(&path, text.as_bytes()).map_err(|e| io("cannot write", e))
 }
 
 #[cfg(test)]
