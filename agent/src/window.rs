@@ -91,6 +91,12 @@ pub struct Aggregator {
     /// Per slot: who holds the GPU, as attribution last answered; copied into every
     /// window that closes until the next answer.
     owners: Vec<Option<GpuHolder>>,
+    /// Until attribution first answers, closed windows wait here (at most `owner_wait`),
+    /// so that the first seconds after a start are not shipped as "nobody holds it" —
+    /// which would split an allocation's idle run in two.
+    owner_wait: Option<Duration>,
+    owners_known: bool,
+    held: Vec<GpuWindow>,
 }
 
 impl Aggregator {
@@ -104,7 +110,19 @@ impl Aggregator {
             late_readings: 0,
             started: None,
             owners: Vec::new(),
+            owner_wait: None,
+            owners_known: true,
+            held: Vec::new(),
         }
+    }
+
+    /// Holds closed windows until the first [`Aggregator::set_owners`], for at most
+    /// `wait` after their end (then they go out with no owner: attribution may be off or
+    /// failing, and data must not stall).
+    pub fn awaiting_owners(mut self, wait: Duration) -> Self {
+        self.owner_wait = Some(wait);
+        self.owners_known = false;
+        self
     }
 
     /// Drops the partial window the agent starts in: a row always covers a whole window.
@@ -121,6 +139,14 @@ impl Aggregator {
     /// The agent calls this after every processes tick (attribution's refresh), so a
     /// window's owner is at most one processes interval (plus lateness) old.
     pub fn set_owners(&mut self, owners: Vec<Option<GpuHolder>>) {
+        if !self.owners_known {
+            // The windows held since the start get the first answer.
+            for row in &mut self.held {
+                let slot = self.inventory.iter().position(|g| g.gpu_uuid == row.gpu.gpu_uuid);
+                row.owner = slot.and_then(|i| owners.get(i).cloned().flatten());
+            }
+            self.owners_known = true;
+        }
         self.owners = owners;
     }
 
@@ -175,6 +201,12 @@ impl Aggregator {
     /// GPUs with no reading at all in a window produce no row.
     pub fn close_due(&mut self, now: UnixMicros) -> Vec<GpuWindow> {
         let mut out = Vec::new();
+        if self.owners_known
+            || self.held.first().is_some_and(|w| w.time.plus(self.owner_wait.unwrap_or_default()) <= now)
+        {
+            out = std::mem::take(&mut self.held);
+            self.owners_known = true;
+        }
         while let Some((&end, _)) = self.open.first_key_value() {
             if end.plus(self.lateness) > now {
                 break;
@@ -194,10 +226,49 @@ impl Aggregator {
                 for (i, a) in acc.fields.iter().enumerate() {
                     row.fields[i] = a.stats();
                 }
-                out.push(row);
+                if self.owners_known {
+                    out.push(row);
+                } else {
+                    self.held.push(row);
+                }
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod owner_wait_tests {
+    use apron_common::{GpuUuid, HostName};
+
+    use super::*;
+
+    #[test]
+    fn windows_before_the_first_attribution_wait_for_it_or_for_the_limit() {
+        let g = GpuIdentity::gpu(HostName::new("h").expect("host"), GpuUuid::new("GPU-0").expect("uuid"), 0, "m");
+        let s = 1_000_000;
+        let reading = |agg: &mut Aggregator, t: i64| {
+            let mut r = Readings::default();
+            r.push(0, Field::GpuUtil, 0.5, UnixMicros(t));
+            agg.add(&r, UnixMicros(t));
+        };
+        let holder = GpuHolder::slurm_job("7");
+        let mut agg = Aggregator::new(vec![g.clone()], Duration::from_secs(1), Duration::ZERO)
+            .awaiting_owners(Duration::from_secs(10));
+        reading(&mut agg, s + 500_000);
+        reading(&mut agg, 2 * s + 500_000);
+        assert!(agg.close_due(UnixMicros(3 * s)).is_empty(), "held until attribution answers");
+        agg.set_owners(vec![Some(holder.clone())]);
+        let out = agg.close_due(UnixMicros(3 * s));
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|w| w.owner == Some(holder.clone())));
+        // No answer at all: released after the wait, with no owner.
+        let mut agg =
+            Aggregator::new(vec![g], Duration::from_secs(1), Duration::ZERO).awaiting_owners(Duration::from_secs(10));
+        reading(&mut agg, s + 500_000);
+        assert!(agg.close_due(UnixMicros(5 * s)).is_empty());
+        let out = agg.close_due(UnixMicros(12 * s));
+        assert_eq!((out.len(), out[0].owner.clone()), (1, None));
     }
 }
 

@@ -136,7 +136,7 @@ impl Default for ClassifyConfig {
     }
 }
 
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(serde::de::Error::custom)
 }
@@ -148,7 +148,7 @@ fn de_duration_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, D
         .collect()
 }
 
-fn duration_us(d: Duration) -> i64 {
+pub(crate) fn duration_us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
@@ -350,6 +350,16 @@ struct Seg {
     end: i64,
     obs: Obs,
     holder: Option<HolderId>,
+}
+
+/// What a window says about the GPU: `Some(true)` idle, `Some(false)` busy, `None`
+/// unknown (no signal) — the classifier's own rule, for callers that track runs live.
+pub fn window_is_idle(w: &Window, cfg: &ClassifyConfig) -> Option<bool> {
+    match observe(w, cfg) {
+        Obs::Unknown => None,
+        Obs::Idle => Some(true),
+        Obs::Busy { .. } => Some(false),
+    }
 }
 
 fn finite(v: Option<f64>) -> Option<f64> {

@@ -29,12 +29,23 @@
 //!   shared, fleet totals that are sums of rounded lines, week-over-week, top stranded)
 //!   and its JSON, CSV and HTML renderings.
 //!
+//! - [`alert`]: live per-GPU run tracking, the alert conditions (stranded allocation,
+//!   zombie memory, unallocated busy, GPU lost, XID), exemptions and the lifecycle.
+//! - [`recommend`]: reclaim, right-size, pack, downsize, spot and rebalance-quota
+//!   recommendations with savings and confidence; [`mig`] (profiles, smallest fit),
+//!   [`pack`] (2-D first-fit decreasing) and [`replay`] (what-if replay) serve it.
+//!
 //! Every module has its own `thiserror` error enum; nothing here panics on input.
 
+pub mod alert;
 pub mod classify;
 pub mod cost;
+pub mod mig;
 pub mod money;
+pub mod pack;
 pub mod pricebook;
+pub mod recommend;
+pub mod replay;
 pub mod report;
 pub mod team;
 pub mod time;

@@ -496,7 +496,7 @@ impl PriceBook {
             return Err(PriceBookError::EmptyVersion);
         }
         let mut matcher_owner: BTreeMap<String, String> = BTreeMap::new();
-        let mut starts: BTreeSet<(String, String, Option<i64>)> = BTreeSet::new();
+        let mut starts: BTreeSet<(String, String, Option<i64>, bool)> = BTreeSet::new();
         let mut lowered = Vec::with_capacity(entries.len());
         for (index, e) in entries.iter().enumerate() {
             let err = |reason: &str| PriceBookError::Entry { index, model: e.model.clone(), reason: reason.into() };
@@ -528,7 +528,14 @@ impl PriceBook {
                 }
                 low.push(l);
             }
-            let key = (e.model.clone(), e.cluster.clone().unwrap_or_default(), e.effective_from_us);
+            // A spot rate may sit beside the rate a model is billed at (for `spot`
+            // recommendations), so the two are keyed apart.
+            let key = (
+                e.model.clone(),
+                e.cluster.clone().unwrap_or_default(),
+                e.effective_from_us,
+                e.kind == PriceKind::Spot,
+            );
             if !starts.insert(key) {
                 return Err(PriceBookError::DuplicateEntry {
                     model: e.model.clone(),
@@ -591,7 +598,13 @@ impl PriceBook {
                 None => return Ok(Lookup::Unpriced(Unpriced::UnknownMigProfile { profile: p.to_owned() })),
             },
         };
-        let of_model = || self.entries.iter().filter(|e| e.model == model && applicable(e));
+        // Spot entries are alternatives (see `spot_price_at`) unless the model has nothing else.
+        let only_spot = self.entries.iter().filter(|e| e.model == model).all(|e| e.kind == PriceKind::Spot);
+        let of_model = || {
+            self.entries
+                .iter()
+                .filter(|e| e.model == model && applicable(e) && (only_spot || e.kind != PriceKind::Spot))
+        };
         let start = |e: &PriceEntry| e.effective_from_us.unwrap_or(i64::MIN);
         let in_force = |cluster_specific: bool| {
             of_model().filter(|e| e.cluster.is_some() == cluster_specific && start(e) <= t_us).max_by_key(|e| start(e))
@@ -619,6 +632,27 @@ impl PriceBook {
             in_force_from_us: entry.effective_from_us,
             next_change_us,
         }))
+    }
+
+    /// The whole-GPU spot rate in force for `gpu`'s model at `t_us`, when the book lists
+    /// one (a cluster-specific entry wins over a general one).
+    pub fn spot_price_at(&self, gpu: &GpuKey<'_>, t_us: i64) -> Result<Option<Micros>, PriceBookError> {
+        let whole = GpuKey { mig_profile: None, ..*gpu };
+        let Lookup::Priced(q) = self.price_at(&whole, t_us)? else { return Ok(None) };
+        let spot = |cluster_specific: bool| {
+            self.entries
+                .iter()
+                .filter(|e| e.model == q.model && e.kind == PriceKind::Spot)
+                .filter(|e| e.effective_from_us.unwrap_or(i64::MIN) <= t_us)
+                .filter(|e| match (&e.cluster, cluster_specific) {
+                    (None, false) => true,
+                    (Some(c), true) => gpu.cluster == Some(c.as_str()),
+                    _ => false,
+                })
+                .max_by_key(|e| e.effective_from_us.unwrap_or(i64::MIN))
+                .map(|e| e.usd_per_gpu_hour)
+        };
+        Ok(spot(true).or_else(|| spot(false)))
     }
 
     /// The per-model $/GPU-hour table (every entry, sorted by model, cluster, start).
@@ -846,5 +880,23 @@ mod example_book {
         assert_eq!(price("NVIDIA A100-SXM4-80GB", None), Micros(1_790_000));
         assert_eq!(price("NVIDIA A100-SXM4-40GB", None), Micros(1_290_000));
         assert_eq!(price("NVIDIA L4", None), Micros(800_000));
+    }
+
+    #[test]
+    fn a_spot_rate_sits_beside_the_billed_rate() {
+        let book = PriceBook::from_toml(
+            "version = \"v\"\n\
+             [[price]]\nmodel = \"A100 80GB\"\nmatch = [\"A100-SXM4-80GB\"]\nkind = \"on_demand\"\nusd_per_gpu_hour = \"4.00\"\n\
+             [[price]]\nmodel = \"A100 80GB\"\nmatch = [\"A100-SXM4-80GB\"]\nkind = \"spot\"\nusd_per_gpu_hour = \"1.50\"\n",
+        )
+        .expect("book");
+        let key = GpuKey { model_name: "NVIDIA A100-SXM4-80GB", mig_profile: None, cluster: None };
+        match book.price_at(&key, 0).expect("lookup") {
+            Lookup::Priced(q) => assert_eq!((q.usd_per_gpu_hour, q.kind), (Micros(4_000_000), PriceKind::OnDemand)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(book.spot_price_at(&key, 0).expect("spot"), Some(Micros(1_500_000)));
+        let l4 = GpuKey { model_name: "NVIDIA L4", ..key };
+        assert_eq!(book.spot_price_at(&l4, 0).expect("spot"), None);
     }
 }

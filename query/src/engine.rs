@@ -159,6 +159,23 @@ impl QueryEngine {
         })
     }
 
+    /// Registers a table the server produces itself (`alerts`, `recommendations`: see
+    /// [`crate::SnapshotTable`]) under the same read-only checks and limits. Call it before
+    /// sharing the engine.
+    pub fn register_table(
+        &mut self,
+        name: &'static str,
+        provider: Arc<dyn datafusion::catalog::TableProvider>,
+    ) -> Result<(), QueryError> {
+        // The catalog is shared by every state cloned from `base`, so registering through
+        // a context over it is visible to every later query.
+        let ctx = SessionContext::new_with_state(self.inner.base.clone());
+        ctx.register_table(name, provider)
+            .map_err(|e| QueryError::from_datafusion(e, self.inner.config.memory_limit_bytes))?;
+        self.tables.push(name);
+        Ok(())
+    }
+
     pub fn config(&self) -> &QueryConfig {
         &self.inner.config
     }

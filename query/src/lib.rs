@@ -39,6 +39,7 @@ pub mod prune;
 pub mod readonly;
 pub mod render;
 pub mod rollup;
+pub mod snapshot;
 pub mod source;
 pub mod tables;
 
@@ -46,5 +47,6 @@ pub use config::QueryConfig;
 pub use engine::QueryEngine;
 pub use error::QueryError;
 pub use render::{Format, QueryResult, RenderError};
+pub use snapshot::SnapshotTable;
 pub use source::{DataFile, DirectorySource, SourceError, TableSnapshot, TableSource};
 pub use tables::{TABLES, TableDef};

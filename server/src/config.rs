@@ -84,6 +84,35 @@ pub struct FileConfig {
     /// The weekly report schedule: e-mail, webhook, export directory (`crate::schedule`).
     #[serde(default)]
     pub report: crate::schedule::ReportConfig,
+    /// Live alerts and their receivers (`crate::alerts`).
+    #[serde(default)]
+    pub alerts: crate::alerts::AlertsConfig,
+    /// Recommendations (`crate::recommend`).
+    #[serde(default)]
+    pub recommend: crate::recommend::RecommendSettings,
+    /// The PostgreSQL wire listener (`crate::pg`).
+    #[serde(default)]
+    pub pg: PgSection,
+}
+
+/// `[pg]`: where PostgreSQL clients connect and who they are. Without users the port is
+/// not opened (secure by default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgSection {
+    /// e.g. `"127.0.0.1:5433"` (the default when users are configured).
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub users: Vec<PgUser>,
+}
+
+/// One PostgreSQL user: a password inline or (better) in a file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgUser {
+    pub name: String,
+    pub password: Option<String>,
+    pub password_file: Option<PathBuf>,
 }
 
 /// Who may run SQL (`POST /api/v1/sql`). Without a token the endpoint refuses every
@@ -129,6 +158,8 @@ pub struct Overrides {
     pub ingest_token: Option<String>,
     /// One more accepted SQL token (`APRON_SQL_TOKEN`).
     pub sql_token: Option<String>,
+    /// The PostgreSQL listen address (`APRON_PG`).
+    pub pg_listen: Option<String>,
 }
 
 /// Everything `apron serve` runs on, validated.
@@ -143,6 +174,10 @@ pub struct ServeConfig {
     pub rollup: RollupConfig,
     pub cost: crate::ledger::CostConfig,
     pub report: crate::schedule::ReportConfig,
+    pub alerts: crate::alerts::AlertsConfig,
+    pub recommend: crate::recommend::RecommendSettings,
+    /// Address and `(user, password)` pairs; `None`: not listening.
+    pub pg: Option<(SocketAddr, Vec<(String, String)>)>,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -260,6 +295,9 @@ impl FileConfig {
             rollup: self.rollup,
             cost: self.cost,
             report: self.report,
+            alerts: self.alerts,
+            recommend: self.recommend,
+            pg: resolve_pg(self.pg, o.pg_listen)?,
         })
     }
 }
@@ -271,6 +309,52 @@ fn check_token(key: String, token: String) -> Result<String, ConfigError> {
         return Err(invalid(key, "<hidden>", "a non-empty token of visible ASCII characters, no spaces"));
     }
     Ok(token)
+}
+
+/// `[pg]` → the listener's address and users (passwords read from their files).
+fn resolve_pg(
+    pg: PgSection,
+    listen: Option<String>,
+) -> Result<Option<(SocketAddr, Vec<(String, String)>)>, ConfigError> {
+    let mut users = Vec::new();
+    for (n, u) in pg.users.into_iter().enumerate() {
+        let key = format!("pg.users[{n}]");
+        if u.name.trim().is_empty() {
+            return Err(invalid(&key, "", "a user name"));
+        }
+        let password = match (u.password, &u.password_file) {
+            (Some(p), None) => p,
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    invalid(
+                        &format!("{key}.password_file"),
+                        path.display().to_string(),
+                        format!("a readable file ({e})"),
+                    )
+                })?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            _ => return Err(invalid(&key, &u.name, "exactly one of password or password_file")),
+        };
+        if password.len() < 8 {
+            return Err(invalid(&key, &u.name, "a password of at least 8 characters"));
+        }
+        users.push((u.name, password));
+    }
+    let listen = listen.or(pg.listen);
+    if users.is_empty() {
+        if let Some(l) = listen {
+            tracing::warn!(listen = %l, "[pg] has no users: the PostgreSQL port stays closed");
+        }
+        return Ok(None);
+    }
+    let text = listen.unwrap_or_else(|| "127.0.0.1:5433".to_owned());
+    let addr: SocketAddr =
+        text.parse().map_err(|_| invalid("pg.listen", &text, "an address such as 127.0.0.1:5433"))?;
+    Ok(Some((addr, users)))
 }
 
 #[cfg(test)]

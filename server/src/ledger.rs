@@ -72,7 +72,7 @@ impl Default for CostConfig {
     }
 }
 
-fn humantime_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn humantime_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     let v = humantime::parse_duration(&s).map_err(serde::de::Error::custom)?;
     if v < Duration::from_secs(1) {
@@ -113,25 +113,58 @@ pub struct Ledger {
 
 /// One holder's facts as the windows carry them (the owner columns).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Owner {
-    kind: String,
-    owner: String,
-    namespace: Option<String>,
-    job_id: Option<String>,
-    user: Option<String>,
-    account: Option<String>,
-    partition: Option<String>,
-    qos: Option<String>,
-    labels: Option<String>,
+pub(crate) struct Owner {
+    pub(crate) kind: String,
+    pub(crate) owner: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) job_id: Option<String>,
+    pub(crate) user: Option<String>,
+    pub(crate) account: Option<String>,
+    pub(crate) partition: Option<String>,
+    pub(crate) qos: Option<String>,
+    pub(crate) labels: Option<String>,
+}
+
+/// The owner columns of `gpu_samples`, quoted (`partition` is an SQL keyword), in the
+/// order [`owner_at`] reads them.
+pub(crate) const OWNER_COLUMNS_SQL: &str = "\"owner_kind\", \"owner\", \"namespace\", \"job_id\", \"owner_user\", \"account\", \"partition\", \"qos\", \"pod_labels\"";
+
+/// The owner of row `r`, from the [`OWNER_COLUMNS_SQL`] columns starting at `first`;
+/// `None` when nobody holds the GPU (or the columns are not strings).
+pub(crate) fn owner_at(b: &RecordBatch, first: usize, r: usize) -> Option<Owner> {
+    let s = |i: usize| b.column(first + i).as_string_opt::<i32>();
+    let opt = |i: usize| s(i).filter(|c| !c.is_null(r)).map(|c| c.value(r).to_owned());
+    Some(Owner {
+        kind: opt(0)?,
+        owner: opt(1)?,
+        namespace: opt(2),
+        job_id: opt(3),
+        user: opt(4),
+        account: opt(5),
+        partition: opt(6),
+        qos: opt(7),
+        labels: opt(8),
+    })
+}
+
+impl Owner {
+    /// The labels as a map (the column holds a JSON object; non-string values are skipped).
+    pub(crate) fn label_map(&self) -> BTreeMap<String, String> {
+        self.labels
+            .as_deref()
+            .and_then(|l| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(l).ok())
+            .map(|m| m.into_iter().filter_map(|(k, v)| v.as_str().map(|s| (k, s.to_owned()))).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// A resolved holder: its owner, team, kind, whether interruptible.
 #[derive(Debug, Clone)]
-struct Resolved {
-    owner: Owner,
-    team: String,
-    workload_kind: Option<String>,
-    interruptible: bool,
+pub(crate) struct Resolved {
+    pub(crate) owner: Owner,
+    pub(crate) team: String,
+    pub(crate) workload_kind: Option<String>,
+    pub(crate) interruptible: bool,
 }
 
 /// One GPU's windows of the context range.
@@ -144,11 +177,13 @@ struct GpuWindows {
     holders: Vec<Resolved>,
 }
 
-fn sql_str(s: &str) -> String {
+/// A SQL string literal.
+pub(crate) fn sql_str(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-fn ts(us: i64) -> String {
+/// A SQL timestamp literal (RFC 3339, UTC).
+pub(crate) fn ts(us: i64) -> String {
     format!("TIMESTAMP '{}'", UnixMicros(us).to_rfc3339())
 }
 
@@ -170,6 +205,30 @@ impl Ledger {
     /// Asks the running loop ([`Ledger::run`]) for a pass as soon as it can.
     pub fn kick(&self) {
         self.kick.notify_one();
+    }
+
+    /// Thresholds and `stranded_after` policy.
+    pub(crate) fn classify_config(&self) -> &ClassifyConfig {
+        &self.config.classify
+    }
+
+    /// The classifier's idle test of a `gpu_samples` window in SQL (NULL when the window
+    /// has no signal), for the evaluators' queries.
+    pub(crate) fn idle_sql(&self) -> String {
+        let c = &self.config.classify;
+        format!(
+            "(CASE WHEN sm_active_max IS NOT NULL THEN CAST(sm_active_max AS DOUBLE) < {} \
+             WHEN gpu_util_max IS NOT NULL THEN CAST(gpu_util_max AS DOUBLE) <= {} END)",
+            c.idle_sm_active_max, c.idle_gpu_util_max
+        )
+    }
+
+    /// The price in force for a GPU (or slice) at `t_us`; `None` when unpriced.
+    pub(crate) fn quote(&self, key: &GpuKey<'_>, t_us: i64) -> Option<apron_cost::Quote> {
+        match self.book.as_ref()?.price_at(key, t_us) {
+            Ok(apron_cost::Lookup::Priced(q)) => Some(q),
+            _ => None,
+        }
     }
 
     pub fn price_book(&self) -> Option<&PriceBook> {
@@ -305,11 +364,10 @@ impl Ledger {
     async fn gpu_windows(&self, uuid: &str, range: &str) -> Result<GpuWindows, String> {
         let batches = self
             .query(&format!(
-                // Quoted: `cluster` and `partition` are SQL keywords.
+                // Quoted: `cluster` is an SQL keyword.
                 "SELECT time, window_s, CAST(sm_active_max AS DOUBLE), CAST(gpu_util_max AS DOUBLE), \
-                 CAST(sm_active AS DOUBLE), \"host\", \"cluster\", \"gpu_model\", \"mig_profile\", \"owner_kind\", \
-                 \"owner\", \"namespace\", \"job_id\", \"owner_user\", \"account\", \"partition\", \"qos\", \
-                 \"pod_labels\" FROM gpu_samples WHERE gpu_uuid = {} AND {range} ORDER BY time",
+                 CAST(sm_active AS DOUBLE), \"host\", \"cluster\", \"gpu_model\", \"mig_profile\", {OWNER_COLUMNS_SQL} \
+                 FROM gpu_samples WHERE gpu_uuid = {} AND {range} ORDER BY time",
                 sql_str(uuid)
             ))
             .await?;
@@ -337,20 +395,10 @@ impl Ledger {
                     g.mig_profile = opt(8, r);
                 }
                 let val = |a: &datafusion::arrow::array::Float64Array| (!a.is_null(r)).then(|| a.value(r));
-                let owner = match (opt(9, r), opt(10, r)) {
-                    (Some(kind), Some(owner)) => Some(Owner {
-                        kind,
-                        owner,
-                        namespace: opt(11, r),
-                        job_id: opt(12, r),
-                        user: opt(13, r),
-                        account: opt(14, r),
-                        partition: opt(15, r),
-                        qos: opt(16, r),
-                        labels: opt(17, r),
-                    }),
+                let owner = match owner_at(b, 9, r) {
+                    Some(o) => Some(o),
                     // Nobody holds it: a static map entry is a dedicated allocation.
-                    _ => self.static_owner(uuid, &g.host),
+                    None => self.static_owner(uuid, &g.host),
                 };
                 let holder = match owner {
                     None => None,
@@ -487,7 +535,7 @@ impl Ledger {
         Ok(())
     }
 
-    fn static_owner(&self, uuid: &str, host: &str) -> Option<Owner> {
+    pub(crate) fn static_owner(&self, uuid: &str, host: &str) -> Option<Owner> {
         let teams = &self.config.teams;
         let team = teams.gpus.get(uuid).or_else(|| teams.hosts.get(host))?;
         Some(Owner {
@@ -503,13 +551,8 @@ impl Ledger {
         })
     }
 
-    fn resolve(&self, uuid: &str, host: &str, owner: Owner) -> Resolved {
-        let labels: BTreeMap<String, String> = owner
-            .labels
-            .as_deref()
-            .and_then(|l| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(l).ok())
-            .map(|m| m.into_iter().filter_map(|(k, v)| v.as_str().map(|s| (k, s.to_owned()))).collect())
-            .unwrap_or_default();
+    pub(crate) fn resolve(&self, uuid: &str, host: &str, owner: Owner) -> Resolved {
+        let labels = owner.label_map();
         let facts = AllocationFacts {
             labels,
             namespace: owner.namespace.clone(),

@@ -8,23 +8,34 @@
 //!   Server::open: Store::open (WAL replay)              │
 //!   Server::run(listener, shutdown)  ◄──────────────────┘  (same server, loopback only)
 //!     app(): collector::http::router (ingest, healthz, metrics) + sql::router (POST /api/v1/sql)
+//!            + report::router + insights::router (alerts, recommendations)
+//!     background: derive (gpu_samples_1m), ledger (cost), alerts (every 30 s),
+//!                 recommend (the recommendations table), schedule (weekly report)
 //!     shutdown: stop accepting → finish requests in flight → Store::persist_now
 //! ```
 //!
 //! - [`config`]: `apron serve`'s file, overrides and validation.
 //! - [`up`]: the all-in-one `apron up`: server + in-process agent, `endpoints.json`.
+//! - [`alerts`], [`recommend`], [`insights`]: live alerts and their receivers,
+//!   recommendations with replays, and their HTTP routes.
 //! - [`Server`]: a store and its HTTP routes; [`app`] is the one place where the routers
 //!   of the server are put together.
 //!
 //! The library reads no environment variables; `main.rs` does (clap), and prints.
 
+pub mod alerts;
 pub mod backfill;
 pub mod config;
+mod deliver;
 pub mod derive;
+pub mod insights;
 pub mod ledger;
+pub mod pg;
+pub mod recommend;
 pub mod report;
 pub mod schedule;
 pub mod sql;
+pub mod ui;
 pub mod up;
 
 use std::future::Future;
@@ -121,6 +132,13 @@ pub struct Server {
     sql_auth: SqlAuth,
     report: schedule::ReportConfig,
     schedule: Option<Arc<schedule::Schedule>>,
+    alerts_table: Arc<apron_query::SnapshotTable>,
+    recommendations_table: Arc<apron_query::SnapshotTable>,
+    alert_metrics: alerts::AlertMetrics,
+    alerts: Option<Arc<alerts::Alerts>>,
+    recommender: Option<Arc<recommend::Recommender>>,
+    insights: Router,
+    pg: Option<(tokio::net::TcpListener, pg::PgAuth)>,
 }
 
 impl std::fmt::Debug for Server {
@@ -151,13 +169,22 @@ impl Server {
             );
         }
         let cost_metrics = ledger::CostMetrics::default();
+        let alert_metrics = alerts::AlertMetrics::default();
         let mut registry = Registry::default();
         registry.register_collector(Box::new(cost_metrics.clone()));
+        registry.register_collector(Box::new(alert_metrics.clone()));
         let ingest = IngestState::new(store.clone(), ingest, registry)?;
         // The rollup's state file tells the engine which stored gpu_samples_1m days are
         // current (see derive).
         let state = store.data_dir().join(apron_query::rollup::STATE_FILE);
-        let engine = QueryEngine::with_rollup_state(query, store.clone(), Some(state))
+        let mut engine = QueryEngine::with_rollup_state(query, store.clone(), Some(state))
+            .map_err(|e| ServerError::Query(e.to_string()))?;
+        // The evaluators' tables: empty until alerts / recommendations run.
+        let alerts_table = apron_query::SnapshotTable::new(alerts::schema());
+        let recommendations_table = apron_query::SnapshotTable::new(recommend::schema());
+        engine.register_table("alerts", alerts_table.clone()).map_err(|e| ServerError::Query(e.to_string()))?;
+        engine
+            .register_table("recommendations", recommendations_table.clone())
             .map_err(|e| ServerError::Query(e.to_string()))?;
         let engine = Arc::new(engine);
         let sql = sql::router(engine.clone(), sql_auth.clone());
@@ -178,9 +205,16 @@ impl Server {
             ledger: None,
             cost_metrics,
             reports,
-            sql_auth,
+            sql_auth: sql_auth.clone(),
             report,
             schedule: None,
+            alerts_table,
+            recommendations_table,
+            alert_metrics,
+            alerts: None,
+            recommender: None,
+            insights: insights::router(None, None, sql_auth.clone()),
+            pg: None,
         })
     }
 
@@ -201,6 +235,68 @@ impl Server {
         self.ledger = Some(Arc::new(l));
         self.reports = self.reports_router();
         Ok(self)
+    }
+
+    /// Turns alerts on (when `alerts.enabled`; they need the ledger: call after
+    /// [`Server::with_cost`]).
+    pub fn with_alerts(mut self, config: alerts::AlertsConfig) -> Server {
+        self.alerts = match (&self.ledger, config.enabled) {
+            (Some(l), true) => Some(Arc::new(alerts::Alerts::new(
+                self.engine.clone(),
+                l.clone(),
+                config,
+                self.store.data_dir(),
+                self.alerts_table.clone(),
+                self.alert_metrics.clone(),
+            ))),
+            (None, true) => {
+                tracing::warn!("alerts need the cost ledger ([cost] enabled): alerts are off");
+                None
+            }
+            _ => None,
+        };
+        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.sql_auth.clone());
+        self
+    }
+
+    /// Turns recommendations on (when `recommend.enabled`; call after [`Server::with_cost`]).
+    pub fn with_recommend(mut self, settings: recommend::RecommendSettings) -> Server {
+        self.recommender = match (&self.ledger, settings.enabled) {
+            (Some(l), true) => Some(Arc::new(recommend::Recommender::new(
+                self.engine.clone(),
+                l.clone(),
+                settings,
+                self.recommendations_table.clone(),
+            ))),
+            (None, true) => {
+                tracing::warn!("recommendations need the cost ledger ([cost] enabled): they are off");
+                None
+            }
+            _ => None,
+        };
+        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.sql_auth.clone());
+        self
+    }
+
+    /// Serves the PostgreSQL wire protocol on `listener` too (same engine, same checks).
+    pub fn with_pg(mut self, listener: tokio::net::TcpListener, auth: pg::PgAuth) -> Server {
+        self.pg = Some((listener, auth));
+        self
+    }
+
+    /// The alert evaluator, when on (tests drive `evaluate_at` / `deliver` directly).
+    pub fn alerts(&self) -> Option<&Arc<alerts::Alerts>> {
+        self.alerts.as_ref()
+    }
+
+    /// The alert families of `/metrics` (tests encode them directly).
+    pub fn alert_metrics(&self) -> &alerts::AlertMetrics {
+        &self.alert_metrics
+    }
+
+    /// The recommender, when on.
+    pub fn recommender(&self) -> Option<&Arc<recommend::Recommender>> {
+        self.recommender.as_ref()
     }
 
     fn reports_router(&self) -> Router {
@@ -261,7 +357,7 @@ impl Server {
     /// requests in flight finish (so every acknowledged batch was fsynced, and no request
     /// is cut between fsync and answer) and persists the memtable to Parquet.
     pub async fn run(
-        self,
+        mut self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
@@ -275,12 +371,29 @@ impl Server {
             tracing::info!("cost ledger started");
             AbortOnDrop(tokio::spawn(l.run(self.cost_metrics.clone())))
         });
+        let alerts = self.alerts.clone().map(|a| {
+            tracing::info!(interval = ?a.config().interval, "alerts started");
+            AbortOnDrop(tokio::spawn(a.run()))
+        });
+        let recommender = self.recommender.clone().map(|r| {
+            tracing::info!(window = ?r.settings().window, "recommendations started");
+            AbortOnDrop(tokio::spawn(r.run()))
+        });
+        let pg = self.pg.take().map(|(listener, auth)| {
+            if let Ok(a) = listener.local_addr() {
+                tracing::info!(%a, ?auth, "serving the PostgreSQL wire protocol");
+            }
+            AbortOnDrop(tokio::spawn(pg::serve(listener, self.engine.clone(), auth)))
+        });
         let schedule = self.schedule.clone().map(|s| {
             tracing::info!(deliveries = ?s.config().deliveries(), "weekly report schedule started");
             AbortOnDrop(tokio::spawn(s.run()))
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let router = app(self.ingest.clone(), self.sql.clone().merge(self.reports.clone()));
+        let router = app(
+            self.ingest.clone(),
+            self.sql.clone().merge(self.reports.clone()).merge(self.insights.clone()).merge(ui::router()),
+        );
         let mut serving = tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {
@@ -319,6 +432,9 @@ impl Server {
         drop(materializer);
         drop(ledger);
         drop(schedule);
+        drop(alerts);
+        drop(recommender);
+        drop(pg);
         let store = self.store.clone();
         let persisted = tokio::task::spawn_blocking(move || store.persist_now())
             .await

@@ -40,6 +40,9 @@ enum Command {
         /// One more accepted SQL token (POST /api/v1/sql). Prefer the environment variable.
         #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
         sql_token: Option<String>,
+        /// PostgreSQL wire address (overrides pg.listen; the port opens only with [pg] users).
+        #[arg(long, env = "APRON_PG")]
+        pg: Option<String>,
     },
     /// One read-only SQL query, against a running server or straight on a data directory.
     Sql {
@@ -95,6 +98,21 @@ enum Command {
         #[arg(long, requires = "send")]
         resend: bool,
     },
+    /// Rebalancing recommendations (reclaim, right-size, pack, downsize, spot) with
+    /// their savings, from a running server.
+    Recommend {
+        /// The window to look back over, e.g. 1h, 24h, 7d.
+        #[arg(long, default_value = "7d")]
+        window: String,
+        #[arg(long, value_enum, default_value_t = RecommendFormat::Table)]
+        format: RecommendFormat,
+        /// The server to ask.
+        #[arg(long, env = "APRON_SERVER", default_value = "http://127.0.0.1:9402")]
+        server: String,
+        /// Token for the server (`apron serve`'s SQL token; `apron up` needs none).
+        #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Price books: show one's $/GPU-hour table, or import a SkyPilot catalog.
     Pricebook {
         #[command(subcommand)]
@@ -109,9 +127,10 @@ enum Command {
         /// Data directory.
         #[arg(long, env = "APRON_DATA", default_value = DEFAULT_DATA_DIR)]
         data: PathBuf,
-        /// PostgreSQL wire address (reserved: not served yet).
-        #[arg(long, env = "APRON_PG")]
-        pg: Option<String>,
+        /// PostgreSQL wire address, loopback only (port 0 picks a free port); psql
+        /// connects as user `apron` without a password.
+        #[arg(long, env = "APRON_PG", default_value = "127.0.0.1:5433")]
+        pg: SocketAddr,
         /// On first start with the simulator, the history to generate (0s: none).
         #[arg(long, env = "APRON_BACKFILL", default_value = "24h", value_parser = humantime::parse_duration)]
         backfill: std::time::Duration,
@@ -143,12 +162,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::Sql { query, format, server, data, token } => {
             rt.block_on(sql_command(query, format, server, data, token))
         }
-        Command::Serve { config, http, data, ingest_token, sql_token } => {
+        Command::Serve { config, http, data, ingest_token, sql_token, pg } => {
             let file = match &config {
                 Some(path) => FileConfig::load(path)?,
                 None => FileConfig::default(),
             };
-            let config = file.resolve(Overrides { listen: http, data_dir: data, ingest_token, sql_token })?;
+            let config =
+                file.resolve(Overrides { listen: http, data_dir: data, ingest_token, sql_token, pg_listen: pg })?;
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(config.listen)
                     .await
@@ -156,7 +176,17 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let addr = listener.local_addr()?;
                 let (store, ingest, query, rollup, cost) =
                     (config.store, config.ingest, config.query, config.rollup, config.cost);
-                let report = config.report;
+                let (report, alerts, recommend) = (config.report, config.alerts, config.recommend);
+                let pg = match config.pg {
+                    Some((addr, users)) => {
+                        let l = tokio::net::TcpListener::bind(addr)
+                            .await
+                            .with_context(|| format!("cannot listen on {addr} for PostgreSQL clients"))?;
+                        Some((l, apron::pg::PgAuth::Password(users.into())))
+                    }
+                    None => None,
+                };
+                let pg_addr = pg.as_ref().and_then(|(l, _)| l.local_addr().ok());
                 let tokens: Vec<Box<[u8]>> =
                     config.sql_tokens.iter().map(|t| t.as_bytes().to_vec().into_boxed_slice()).collect();
                 if tokens.is_empty() {
@@ -167,7 +197,16 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .await??
                     .with_rollup(rollup)
                     .with_cost(cost)?
-                    .with_report(report);
+                    .with_report(report)
+                    .with_alerts(alerts)
+                    .with_recommend(recommend);
+                let server = match pg {
+                    Some((l, auth)) => server.with_pg(l, auth),
+                    None => server,
+                };
+                if let Some(a) = pg_addr {
+                    tracing::info!(%a, "PostgreSQL clients connect here ([pg] users)");
+                }
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
                 let shutdown = shutdown_signal();
@@ -176,16 +215,19 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        Command::Recommend { window, format, server, token } => {
+            recommend_command(&server, &window, format, token.as_deref())
+        }
         Command::Report { week, format, out, data, price_book, recompute, config, send, resend } => {
             let options = ReportOptions { week, format, out, data, price_book, recompute, config, send, resend };
             rt.block_on(report_command(options))
         }
         Command::Pricebook { action } => pricebook_command(action),
         Command::Up { http, data, pg, backfill } => rt.block_on(async move {
-            let options = UpOptions { http, data_dir: data, pg: pg.clone(), hostname: machine_hostname(), backfill };
+            let options = UpOptions { http, data_dir: data, pg, hostname: machine_hostname(), backfill };
             let up = Up::start(options).await?;
             let shutdown = shutdown_signal();
-            print_up(&up, pg.as_deref());
+            print_up(&up);
             up.run(shutdown).await?;
             Ok(())
         }),
@@ -306,13 +348,7 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
     let status = resp.status();
     let body = resp.body_mut().read_to_vec().context("reading the answer")?;
     if !status.is_success() {
-        let text = String::from_utf8_lossy(&body);
-        let err: Option<serde_json::Value> = serde_json::from_str(&text).ok();
-        let msg = err
-            .as_ref()
-            .and_then(|v| Some(format!("{} ({})", v.get("error")?.as_str()?, v.get("detail")?.as_str().unwrap_or(""))))
-            .unwrap_or_else(|| text.into_owned());
-        anyhow::bail!("the server answered {status}: {msg}");
+        return Err(server_error(status, &body));
     }
     match format {
         OutFormat::Table => {
@@ -323,6 +359,89 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
         }
         _ => Ok(body),
     }
+}
+
+/// The contract's `{"error", "detail"}` answer as an error.
+fn server_error(status: ureq::http::StatusCode, body: &[u8]) -> anyhow::Error {
+    let text = String::from_utf8_lossy(body);
+    let err: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+    let msg = err
+        .as_ref()
+        .and_then(|v| Some(format!("{} ({})", v.get("error")?.as_str()?, v.get("detail")?.as_str().unwrap_or(""))))
+        .unwrap_or_else(|| text.into_owned());
+    anyhow::anyhow!("the server answered {status}: {msg}")
+}
+
+/// `apron recommend`: asks the server (which holds the price book and team maps) and
+/// prints a table or the JSON.
+fn recommend_command(server: &str, window: &str, format: RecommendFormat, token: Option<&str>) -> anyhow::Result<()> {
+    humantime::parse_duration(window).with_context(|| format!("--window {window}: use a duration such as 1h or 7d"))?;
+    let url = format!("{}/api/v1/recommendations?window={window}", server.trim_end_matches('/'));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(600)))
+        .build()
+        .into();
+    let mut req = agent.get(&url);
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    eprintln!("apron recommend: computing over the last {window} on {server} ...");
+    let mut resp =
+        req.call().with_context(|| format!("cannot reach {url}: is `apron up` or `apron serve` running?"))?;
+    let status = resp.status();
+    let body = resp.body_mut().read_to_vec().context("reading the answer")?;
+    if !status.is_success() {
+        return Err(server_error(status, &body));
+    }
+    use std::io::Write as _;
+    if format == RecommendFormat::Json {
+        std::io::stdout().write_all(&body)?;
+        return Ok(());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).context("the answer is not JSON")?;
+    let items = v["recommendations"].as_array().cloned().unwrap_or_default();
+    let mut out = String::new();
+    out.push_str(&format!(
+        "recommendations over {} ({} .. {})\n\n{:<16} {:<14} {:>12} {:<9} {:>5}  {}\n",
+        v["window"].as_str().unwrap_or(window),
+        v["from"].as_str().unwrap_or(""),
+        v["to"].as_str().unwrap_or(""),
+        "kind",
+        "team",
+        "$/month",
+        "savings",
+        "conf",
+        "summary"
+    ));
+    for r in &items {
+        out.push_str(&format!(
+            "{:<16} {:<14} {:>12.2} {:<9} {:>5.2}  {}\n",
+            r["kind"].as_str().unwrap_or(""),
+            r["team"].as_str().unwrap_or(""),
+            r["monthly_savings_usd"].as_f64().unwrap_or(0.0),
+            r["savings_kind"].as_str().unwrap_or(""),
+            r["confidence"].as_f64().unwrap_or(0.0),
+            r["summary"].as_str().unwrap_or("")
+        ));
+    }
+    if items.is_empty() {
+        out.push_str("(none: nothing idle, under-used or mis-priced enough in this window)\n");
+    }
+    if let Some(t) = v["monthly_savings_usd"].as_object() {
+        for (kind, usd) in t {
+            out.push_str(&format!("\ntotal {kind}: ${:.2}/month", usd.as_f64().unwrap_or(0.0)));
+        }
+        out.push('\n');
+    }
+    std::io::stdout().write_all(out.as_bytes())?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RecommendFormat {
+    Table,
+    Json,
 }
 
 /// `apron report`'s arguments.
@@ -416,7 +535,7 @@ async fn report_command(o: ReportOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_up(up: &Up, pg: Option<&str>) {
+fn print_up(up: &Up) {
     let e = up.endpoints();
     let c = up.source();
     println!("apron up: data in {}{}", up.data_dir().display(), if up.first_start() { " (new)" } else { "" });
@@ -435,9 +554,15 @@ fn print_up(up: &Up, pg: Option<&str>) {
         }
         (SourceKind::Sim, None) => println!("  GPU source     sim: a simulated fleet of {} GPUs", c.gpus),
     }
-    if let Some(pg) = pg {
-        println!("  postgres       not served yet: --pg {pg} is reserved for the PostgreSQL wire port");
+    if let Some((host, port)) =
+        e.postgres.rsplit_once('@').and_then(|(_, a)| a.split_once('/')).and_then(|(a, _)| a.rsplit_once(':'))
+    {
+        println!("  postgres       {}   psql -h {host} -p {port} -U apron", e.postgres);
+        println!(
+            "                 e.g. psql -h {host} -p {port} -U apron -c \"SELECT team, sum(idle_cost_usd) FROM gpu_cost_hourly GROUP BY team\""
+        );
     }
+    println!("  web UI         {}/", e.http);
     println!("  endpoints      {}", up.data_dir().join("endpoints.json").display());
 }
 

@@ -56,9 +56,7 @@ impl ReportFormat {
     }
 }
 
-fn ts(us: i64) -> String {
-    format!("TIMESTAMP '{}'", apron_common::UnixMicros(us).to_rfc3339())
-}
+use crate::ledger::ts;
 
 fn dec(b: &RecordBatch, i: usize, r: usize) -> Option<i64> {
     let c = b.column(i).as_primitive::<Decimal128Type>();

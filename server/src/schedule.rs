@@ -288,7 +288,7 @@ fn rfc3339(us: i64) -> String {
 
 /// The first line of a secret file, trimmed; the error names the file, never the
 /// content.
-fn read_secret(what: &str, path: &Path) -> Result<String, String> {
+pub(crate) fn read_secret(what: &str, path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
     let line = text.lines().next().unwrap_or("").trim().to_owned();
     if line.is_empty() {
@@ -620,26 +620,8 @@ impl Schedule {
         let Some(w) = self.config.webhook.clone() else { return Err("no [report.webhook]".into()) };
         let body = serde_json::to_vec(&Self::webhook_body(summary)).map_err(|e| e.to_string())?;
         let token = w.token_file.as_ref().map(|p| read_secret("token_file", p)).transpose()?;
-        tokio::task::spawn_blocking(move || {
-            let agent: ureq::Agent = ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(w.timeout))
-                .build()
-                .into();
-            let mut req = agent.post(&w.url).header("Content-Type", "application/json");
-            if let Some(t) = &token {
-                req = req.header("Authorization", &format!("Bearer {t}"));
-            }
-            let mut resp = req.send(&body[..]).map_err(|e| format!("POST {}: {e}", w.url))?;
-            let status = resp.status();
-            if !status.is_success() {
-                let text = resp.body_mut().read_to_string().unwrap_or_default();
-                return Err(format!("POST {}: {status}: {}", w.url, text.chars().take(200).collect::<String>()));
-            }
-            Ok(format!("posted to {} ({status})", w.url))
-        })
-        .await
-        .map_err(|e| e.to_string())?
+        let status = crate::deliver::post_json(w.url.clone(), body, w.timeout, token).await?;
+        Ok(format!("posted to {} ({status})", w.url))
     }
 
     /// On start, then every minute.

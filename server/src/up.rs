@@ -47,8 +47,8 @@ const SIM_TEAMS: &str = include_str!("../../deploy/teams.sim.toml");
 pub struct UpOptions {
     pub http: SocketAddr,
     pub data_dir: PathBuf,
-    /// `--pg`: accepted, reserved for the PostgreSQL wire port.
-    pub pg: Option<String>,
+    /// `--pg`: the PostgreSQL wire address, loopback only (user `apron`, no password).
+    pub pg: SocketAddr,
     /// The host name the agent reports for NVML GPUs (the simulator names its own).
     pub hostname: String,
     /// On a new data directory with the simulator: how much history to generate first
@@ -63,6 +63,8 @@ pub struct Endpoints {
     pub metrics: String,
     pub ingest: String,
     pub agent_metrics: String,
+    /// `postgresql://apron@127.0.0.1:5433/apron`
+    pub postgres: String,
 }
 
 /// Which GPU source the agent runs, and why.
@@ -96,8 +98,10 @@ impl std::fmt::Debug for Up {
 
 impl Up {
     pub async fn start(options: UpOptions) -> Result<Up, ServerError> {
-        if !options.http.ip().is_loopback() {
-            return Err(ServerError::NotLoopback(options.http));
+        for addr in [options.http, options.pg] {
+            if !addr.ip().is_loopback() {
+                return Err(ServerError::NotLoopback(addr));
+            }
         }
         let data_dir = options.data_dir.clone();
         std::fs::create_dir_all(&data_dir)
@@ -106,6 +110,14 @@ impl Up {
             .await
             .map_err(|source| ServerError::Io { what: format!("cannot listen on {}", options.http), source })?;
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        let pg_listener = tokio::net::TcpListener::bind(options.pg).await.map_err(|source| ServerError::Io {
+            what: format!(
+                "cannot listen on {} for PostgreSQL clients (--pg ADDR; port 0 picks a free one)",
+                options.pg
+            ),
+            source,
+        })?;
+        let pg_addr = pg_listener.local_addr().map_err(ServerError::Serve)?;
 
         // The store creates its WAL directory on first open: none yet is a new store.
         let first_start = !data_dir.join("wal").exists();
@@ -139,13 +151,18 @@ impl Up {
             // The simulated organisation: its namespaces and Slurm accounts → teams.
             cost.teams = apron_cost::TeamConfig::from_toml(SIM_TEAMS).map_err(|e| ServerError::Cost(e.to_string()))?;
         }
-        let server = server.with_cost(cost)?;
+        let server = server
+            .with_cost(cost)?
+            .with_alerts(crate::alerts::AlertsConfig::default())
+            .with_recommend(crate::recommend::RecommendSettings::default())
+            .with_pg(pg_listener, crate::pg::PgAuth::Trust { user: crate::pg::UP_USER.to_owned() });
 
         let http = format!("http://{addr}");
         let endpoints = Endpoints {
             metrics: format!("{http}/metrics"),
             ingest: format!("{http}{}", apron_collector::http::INGEST_PATH),
             agent_metrics: format!("http://{agent_addr}/metrics"),
+            postgres: format!("postgresql://{}@{pg_addr}/apron", crate::pg::UP_USER),
             http,
         };
         Ok(Up {
@@ -196,6 +213,7 @@ impl Up {
                     humantime::format_duration(span)
                 );
                 let ledger = self.server.ledger().cloned();
+                let recommender = self.server.recommender().cloned();
                 seeding = Some(tokio::task::spawn_blocking(move || {
                     match crate::backfill::run(&store, &sim, UnixMicros::now(), span, window) {
                         Ok(done) => {
@@ -203,6 +221,9 @@ impl Up {
                             // Price the seeded history now rather than at the next tick.
                             if let Some(l) = ledger {
                                 l.kick();
+                            }
+                            if let Some(r) = recommender {
+                                r.kick();
                             }
                         }
                         Err(e) => tracing::error!("seeding simulated history failed: {e}"),
@@ -341,6 +362,7 @@ mod tests {
             metrics: "http://127.0.0.1:1/metrics".into(),
             ingest: "http://127.0.0.1:1/api/v1/ingest".into(),
             agent_metrics: "http://127.0.0.1:2/metrics".into(),
+            postgres: "postgresql://apron@127.0.0.1:3/apron".into(),
         };
         write_endpoints(dir.path(), &e).expect("write");
         write_endpoints(dir.path(), &e).expect("replace");
@@ -356,11 +378,16 @@ mod tests {
         let o = UpOptions {
             http: "0.0.0.0:0".parse().expect("addr"),
             data_dir: "/nonexistent".into(),
-            pg: None,
+            pg: "127.0.0.1:0".parse().expect("addr"),
             hostname: "h".into(),
             backfill: Duration::ZERO,
         };
-        let e = Up::start(o).await.expect_err("refused");
+        let e = Up::start(o.clone()).await.expect_err("refused");
         assert!(e.to_string().contains("loopback"), "{e}");
+        // The PostgreSQL port too.
+        let o =
+            UpOptions { http: "127.0.0.1:0".parse().expect("addr"), pg: "0.0.0.0:5433".parse().expect("addr"), ..o };
+        let e = Up::start(o).await.expect_err("refused");
+        assert!(e.to_string().contains("0.0.0.0:5433"), "{e}");
     }
 }

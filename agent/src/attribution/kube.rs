@@ -37,7 +37,7 @@ const MAX_BODY: u64 = 64 << 20;
 pub enum KubeError {
     #[error("the API server refused the service-account token (401 Unauthorized)")]
     Unauthorized,
-    #[error("the service account may not list pods (403 Forbidden); apply deploy/kubernetes/rbac.yaml")]
+    #[error("the service account may not list pods (403 Forbidden); apply deploy/kubernetes/base/agent-rbac.yaml")]
     Forbidden,
     #[error("the API server answered {status}: {body}")]
     Status { status: u16, body: String },

@@ -204,7 +204,7 @@ fn toml_is_strict() {
         (format!("{base}usd_per_gpu_hour = \"-1\"\n"), "negative"),
         (base.to_owned(), "no price"),
         (format!("{base}usd_per_gpu_hour = \"1\"\neffective_from = \"soon\"\n"), "bad date"),
-        (format!("{ok}[[price]]\nmodel = \"T4\"\nkind = \"on_demand\"\nusd_per_gpu_hour = \"1\"\n"), "duplicate start"),
+        (format!("{ok}[[price]]\nmodel = \"T4\"\nkind = \"spot\"\nusd_per_gpu_hour = \"1\"\n"), "duplicate start"),
         (
             format!("{ok}[[price]]\nmodel = \"Other\"\nmatch = [\"t4\"]\nkind = \"spot\"\nusd_per_gpu_hour = \"1\"\n"),
             "dup matcher",

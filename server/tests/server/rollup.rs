@@ -183,7 +183,18 @@ async fn gpu_samples_1m_live_materialized_and_rerolled() {
     ingest(&store, 2, &boundary());
 
     // Live: visible as soon as ingested, nothing stored yet.
-    assert_eq!(engine.tables(), ["gpu_samples", "gpu_processes", "gpu_samples_1m", "allocations", "gpu_cost_hourly"]);
+    assert_eq!(
+        engine.tables(),
+        [
+            "gpu_samples",
+            "gpu_processes",
+            "gpu_samples_1m",
+            "allocations",
+            "gpu_cost_hourly",
+            "alerts",
+            "recommendations"
+        ]
+    );
     let live = rows(&engine, CHECK).await;
     check(&live);
 

@@ -20,6 +20,7 @@ pub enum Scenario {
     Training,
     InferenceBursty,
     NotebookStranded,
+    NotebookIdleResume,
     MultiGpuUnderused,
     SmallInference,
     UnallocatedIdle,
@@ -27,10 +28,11 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Training,
         Scenario::InferenceBursty,
         Scenario::NotebookStranded,
+        Scenario::NotebookIdleResume,
         Scenario::MultiGpuUnderused,
         Scenario::SmallInference,
         Scenario::UnallocatedIdle,
@@ -57,6 +59,7 @@ impl Scenario {
             Scenario::Training => "training",
             Scenario::InferenceBursty => "inference-bursty",
             Scenario::NotebookStranded => "notebook-stranded",
+            Scenario::NotebookIdleResume => "notebook-idle-resume",
             Scenario::MultiGpuUnderused => "multi-gpu-underused",
             Scenario::SmallInference => "small-inference",
             Scenario::UnallocatedIdle => "unallocated-idle",
@@ -282,17 +285,27 @@ pub(crate) fn plan(scenario: Scenario, rank: usize, size: usize, h: u64) -> Plan
                 },
             }
         }
-        Scenario::NotebookStranded => {
+        Scenario::NotebookStranded | Scenario::NotebookIdleResume => {
             // ~30 GB (decimal) held by the kernel: a model loaded, then forgotten.
             let memory = Memory::Mib(28_600.0 + (400.0 * u(0)).round());
             let active = Shape::Bursty { block: 30 * SEC, burst: 6 * SEC, level: 0.45 };
+            let resumes = scenario == Scenario::NotebookIdleResume;
             Plan {
-                phases: vec![
-                    phase(PhaseKind::Active, 45 * MIN, active, memory),
-                    phase(PhaseKind::Stranded, 4 * DAY - 45 * MIN - 6 * HOUR, Shape::Idle, memory),
-                    gap(6 * HOUR),
-                ],
-                persistent: false,
+                phases: if resumes {
+                    // A long-lived notebook server: an hour of work, two hours left
+                    // open (stranded after 30 min), then its user comes back.
+                    vec![
+                        phase(PhaseKind::Active, HOUR, active, memory),
+                        phase(PhaseKind::Stranded, 2 * HOUR, Shape::Idle, memory),
+                    ]
+                } else {
+                    vec![
+                        phase(PhaseKind::Active, 45 * MIN, active, memory),
+                        phase(PhaseKind::Stranded, 4 * DAY - 45 * MIN - 6 * HOUR, Shape::Idle, memory),
+                        gap(6 * HOUR),
+                    ]
+                },
+                persistent: resumes,
                 utc_aligned: false,
                 mix: Mix {
                     util: 1.4,
@@ -452,7 +465,7 @@ pub(crate) fn owner(scenario: Scenario, ordinal: usize, h: u64) -> Owner {
             pod("ml-research", format!("train-{model}"), "trainer", Qos::Guaranteed, 0)
         }
         Scenario::InferenceBursty => pod("inference", format!("chat-vllm-{}", rs()), "vllm", Qos::Burstable, 0),
-        Scenario::NotebookStranded => Owner::Pod {
+        Scenario::NotebookStranded | Scenario::NotebookIdleResume => Owner::Pod {
             namespace: "data-science",
             stem: "jupyter".to_owned(),
             container: "notebook",
@@ -475,7 +488,7 @@ pub(crate) fn owner(scenario: Scenario, ordinal: usize, h: u64) -> Owner {
 pub(crate) fn process_name(scenario: Scenario) -> (&'static str, &'static str) {
     match scenario {
         Scenario::Training | Scenario::InferenceBursty | Scenario::FellOffTheBus => ("python3", "python3"),
-        Scenario::NotebookStranded => ("/opt/conda/bin/python", "python"),
+        Scenario::NotebookStranded | Scenario::NotebookIdleResume => ("/opt/conda/bin/python", "python"),
         Scenario::MultiGpuUnderused => ("/opt/miniconda3/envs/torch/bin/python", "python"),
         Scenario::SmallInference => ("/opt/tritonserver/bin/tritonserver", "tritonserver"),
         Scenario::UnallocatedIdle => ("", ""),

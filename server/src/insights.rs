@@ -1,0 +1,107 @@
+//! `GET /api/v1/alerts` and `GET /api/v1/recommendations`: the evaluators' answers over
+//! HTTP, behind the same token as the SQL API.
+
+use std::sync::Arc;
+
+use apron_collector::http::json_error;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::alerts::{Alerts, api_alert};
+use crate::recommend::Recommender;
+
+#[derive(Clone)]
+struct InsightState {
+    alerts: Option<Arc<Alerts>>,
+    recommender: Option<Arc<Recommender>>,
+    auth: crate::SqlAuth,
+}
+
+/// The routes, merged into the server's app.
+pub fn router(
+    alerts: Option<Arc<Alerts>>,
+    recommender: Option<Arc<Recommender>>,
+    auth: crate::SqlAuth,
+) -> axum::Router {
+    axum::Router::new()
+        .route("/api/v1/alerts", get(list_alerts))
+        .route("/api/v1/recommendations", get(recommendations))
+        .with_state(InsightState { alerts, recommender, auth })
+}
+
+#[derive(serde::Deserialize)]
+struct AlertQuery {
+    state: Option<String>,
+}
+
+async fn list_alerts(State(s): State<InsightState>, headers: HeaderMap, Query(q): Query<AlertQuery>) -> Response {
+    if let Err(detail) = crate::sql::authorize(&headers, &s.auth) {
+        return json_error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+    }
+    let Some(alerts) = s.alerts else {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "alerts_disabled",
+            "alerts are off on this server: they need [cost] enabled and [alerts] enabled",
+        );
+    };
+    let want = match q.state.as_deref() {
+        None | Some("all") => None,
+        Some("firing") => Some(apron_cost::alert::AlertState::Firing),
+        Some("resolved") => Some(apron_cost::alert::AlertState::Resolved),
+        Some(other) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_state",
+                &format!("state={other}: use firing, resolved or all"),
+            );
+        }
+    };
+    let list: Vec<serde_json::Value> =
+        alerts.list().iter().filter(|a| want.is_none_or(|w| a.state == w)).map(api_alert).collect();
+    axum::Json(serde_json::json!({ "alerts": list })).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct RecommendQuery {
+    window: Option<String>,
+}
+
+async fn recommendations(
+    State(s): State<InsightState>,
+    headers: HeaderMap,
+    Query(q): Query<RecommendQuery>,
+) -> Response {
+    if let Err(detail) = crate::sql::authorize(&headers, &s.auth) {
+        return json_error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+    }
+    let Some(rec) = s.recommender else {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "recommendations_disabled",
+            "recommendations are off on this server: they need [cost] enabled and [recommend] enabled",
+        );
+    };
+    let window = match q.window.as_deref() {
+        None => rec.settings().window,
+        Some(w) => match humantime::parse_duration(w) {
+            Ok(d) if d >= std::time::Duration::from_secs(60) && d <= std::time::Duration::from_secs(400 * 86_400) => d,
+            Ok(_) => {
+                return json_error(StatusCode::BAD_REQUEST, "invalid_window", "window must be between 1m and 400d");
+            }
+            Err(e) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_window",
+                    &format!("window={w}: {e} (use a duration such as 1h, 24h or 7d)"),
+                );
+            }
+        },
+    };
+    match rec.compute(window, apron_common::UnixMicros::now().0).await {
+        Ok(set) => axum::Json(set).into_response(),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "recommendations_failed", &e),
+    }
+}

@@ -1,0 +1,255 @@
+//! The PostgreSQL wire protocol listener (`:5433`): the same read-only SQL as
+//! `POST /api/v1/sql`, for psql, Grafana's PostgreSQL datasource and BI tools.
+//!
+//! ```text
+//!  TCP accept ─► pgwire (startup, simple-query protocol)
+//!    startup: `trust` (apron up: user `apron` only, loopback) or `password` (apron serve:
+//!             [pg] users, cleartext password — put TLS in front until the listener has its own)
+//!    Query "SELECT …" ─► QueryEngine::execute (same plan checks, timeout, memory and
+//!             row limits as HTTP) ─► arrow-pg: Arrow batches → text rows with pg types
+//!    Query "SET …" / "BEGIN" / "COMMIT" / "ROLLBACK" / "DISCARD ALL": acknowledged, no
+//!             effect (clients send them on connect; nothing here is transactional)
+//!    errors ─► ErrorResponse with a SQLSTATE (25006 read-only, 42601 syntax, 57014
+//!             timeout, 53200 memory, 54000 too many rows, 53300 busy, …)
+//! ```
+//!
+//! Only the simple-query protocol is served (psql, Grafana's datasource and most BI
+//! tools use it for plain SQL); a client that insists on the extended protocol gets a
+//! clear error.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use apron_query::{QueryEngine, QueryError};
+use async_trait::async_trait;
+use futures::{Sink, stream};
+use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::auth::{AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler};
+use pgwire::api::portal::Format;
+use pgwire::api::query::SimpleQueryHandler;
+use pgwire::api::results::{QueryResponse, Response, Tag};
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use tokio::net::TcpListener;
+
+/// The user `apron up` accepts without a password.
+pub const UP_USER: &str = "apron";
+
+/// How clients authenticate.
+#[derive(Clone)]
+pub enum PgAuth {
+    /// `apron up`: single user on loopback, no password; any other user is refused.
+    Trust { user: String },
+    /// `apron serve`: `[pg] users` (name → password).
+    Password(Arc<[(String, String)]>),
+}
+
+impl std::fmt::Debug for PgAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PgAuth::Trust { user } => f.debug_struct("Trust").field("user", user).finish(),
+            PgAuth::Password(users) => {
+                f.debug_tuple("Password").field(&users.iter().map(|(u, _)| u.as_str()).collect::<Vec<_>>()).finish()
+            }
+        }
+    }
+}
+
+struct Queries {
+    engine: Arc<QueryEngine>,
+}
+
+/// Maps a query error to the SQLSTATE a PostgreSQL client understands.
+fn pg_error(e: &QueryError) -> PgWireError {
+    let code = match e {
+        QueryError::ReadOnly { .. } => "25006",
+        QueryError::Syntax { .. } => "42601",
+        QueryError::Plan { .. } => "42P01",
+        QueryError::Invalid { .. } => "22000",
+        QueryError::Timeout { .. } => "57014",
+        QueryError::MemoryLimit { .. } => "53200",
+        QueryError::TooManyRows { .. } => "54000",
+        QueryError::Busy { .. } => "53300",
+        _ => "XX000",
+    };
+    let mut info = ErrorInfo::new("ERROR".to_owned(), code.to_owned(), e.to_string());
+    info.detail = Some(e.detail().to_owned()).filter(|d| !d.is_empty() && !e.to_string().contains(d.as_str()));
+    PgWireError::UserError(Box::new(info))
+}
+
+/// Session statements clients send on connect, acknowledged without effect.
+fn session_noop(query: &str) -> Option<&'static str> {
+    let first = query.trim_start().split(|c: char| c.is_whitespace() || c == ';').next()?.to_ascii_uppercase();
+    match first.as_str() {
+        "SET" => Some("SET"),
+        "BEGIN" | "START" => Some("BEGIN"),
+        "COMMIT" | "END" => Some("COMMIT"),
+        "ROLLBACK" | "ABORT" => Some("ROLLBACK"),
+        "DISCARD" => Some("DISCARD ALL"),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Queries {
+    async fn do_query<C>(&self, _client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+    {
+        if let Some(tag) = session_noop(query) {
+            return Ok(vec![Response::Execution(Tag::new(tag))]);
+        }
+        let result = self.engine.execute(query).await.map_err(|e| pg_error(&e))?;
+        let fields =
+            Arc::new(arrow_pg::datatypes::arrow_schema_to_pg_fields(&result.schema, &Format::UnifiedText, None)?);
+        let rows: Vec<_> = result
+            .batches
+            .into_iter()
+            .flat_map(|b| arrow_pg::datatypes::encode_recordbatch(fields.clone(), b).collect::<Vec<_>>())
+            .collect();
+        Ok(vec![Response::Query(QueryResponse::new(fields, stream::iter(rows)))])
+    }
+}
+
+/// `trust`: accepts only the one user name.
+struct Trust {
+    user: String,
+}
+
+#[async_trait]
+impl NoopStartupHandler for Trust {
+    async fn post_startup<C>(&self, client: &mut C, _message: PgWireFrontendMessage) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let login = LoginInfo::from_client_info(client);
+        if login.user() == Some(self.user.as_str()) {
+            return Ok(());
+        }
+        Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+            "FATAL".to_owned(),
+            "28000".to_owned(),
+            format!(
+                "role \"{}\" is not allowed: this server accepts user \"{}\"",
+                login.user().unwrap_or(""),
+                self.user
+            ),
+        ))))
+    }
+}
+
+/// `[pg] users` as a pgwire password source. An unknown user gets a password no client
+/// can send, so the answer is the same "password authentication failed".
+#[derive(Debug)]
+struct Users(Arc<[(String, String)]>);
+
+#[async_trait]
+impl AuthSource for Users {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        let user = login.user().unwrap_or("");
+        let pass = self.0.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_bytes().to_vec());
+        Ok(Password::new(None, pass.unwrap_or_else(|| vec![0u8; 64])))
+    }
+}
+
+struct Handlers {
+    queries: Arc<Queries>,
+    auth: PgAuth,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.queries.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        Arc::new(Startup::from(&self.auth))
+    }
+}
+
+/// One startup handler type for both modes (pgwire wants a single `impl` type).
+enum Startup {
+    Trust(Trust),
+    Password(CleartextPasswordAuthStartupHandler<Users, DefaultServerParameterProvider>),
+}
+
+impl From<&PgAuth> for Startup {
+    fn from(a: &PgAuth) -> Startup {
+        match a {
+            PgAuth::Trust { user } => Startup::Trust(Trust { user: user.clone() }),
+            PgAuth::Password(users) => Startup::Password(CleartextPasswordAuthStartupHandler::new(
+                Users(users.clone()),
+                DefaultServerParameterProvider::default(),
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(&self, client: &mut C, message: PgWireFrontendMessage) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match self {
+            Startup::Trust(t) => t.on_startup(client, message).await,
+            Startup::Password(p) => p.on_startup(client, message).await,
+        }
+    }
+}
+
+/// Serves the PostgreSQL protocol on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, engine: Arc<QueryEngine>, auth: PgAuth) {
+    let handlers = Arc::new(Handlers { queries: Arc::new(Queries { engine }), auth });
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "pg: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let handlers = handlers.clone();
+        tokio::spawn(async move {
+            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                tracing::debug!(%peer, error = %e, "pg: connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_statements_are_acknowledged_and_queries_are_not() {
+        assert_eq!(session_noop("SET extra_float_digits = 3"), Some("SET"));
+        assert_eq!(session_noop("  begin;"), Some("BEGIN"));
+        assert_eq!(session_noop("DISCARD ALL"), Some("DISCARD ALL"));
+        assert_eq!(session_noop("SELECT 1"), None);
+        // Writes are not "session statements": they reach the engine and its refusal.
+        assert_eq!(session_noop("INSERT INTO gpu_samples VALUES (1)"), None);
+        assert_eq!(session_noop("settle"), None);
+    }
+
+    #[test]
+    fn read_only_refusals_carry_sqlstate_25006() {
+        let e = pg_error(&QueryError::ReadOnly { what: "INSERT INTO".into() });
+        match e {
+            PgWireError::UserError(info) => {
+                assert_eq!((info.severity.as_str(), info.code.as_str()), ("ERROR", "25006"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Load Apron's web UI in headless Chromium and check it.
+
+    python3 tests/ui/chromium_check.py URL OUTDIR EXPECTED_TOTAL
+
+URL is the UI (e.g. http://127.0.0.1:9402/ or http://127.0.0.1:9402/?week=2026-W49 to pin
+the report week); EXPECTED_TOTAL is the fleet's idle dollars the weekly report API gives
+for the week the page shows (`fleet.idle_cost_usd` of
+GET /api/v1/reports/weekly?week=<that week>&format=json), e.g. 1234.5.
+
+It drives Debian's `chromium` (or $CHROMIUM) over the DevTools protocol on a pipe
+(--remote-debugging-pipe: Python's standard library only, no websocket package), with
+flags fit for CI as root (--headless=new --no-sandbox --disable-gpu
+--disable-dev-shm-usage), and checks that:
+
+- the page finishes its first refresh (body[data-state=ready]);
+- #idle-dollars-total shows EXPECTED_TOTAL (its text as dollars and its data-value, to
+  the cent);
+- the heatmap canvas drew cells (canvas#heatmap[data-cells] > 0);
+- the SQL box runs `SELECT 1 AS one` into a one-row table;
+- there was no uncaught exception, no console.error, no CSP violation, no failed load of
+  a page asset and no request to another origin. An /api/ answer of 4xx/5xx is logged by
+  the browser as a network error; the page handles those (it shows a note), so they are
+  listed but do not fail the check.
+
+With APRON_UI_TOKEN set (apron serve), the page starts with that API token saved, as if
+entered in its token field.
+
+It saves OUTDIR/ui.png (the full page), also on failure when the page loaded, and prints
+one line per problem. Exit status: 0 passed, 1 a check failed, 2 could not run
+(usage, chromium missing, chromium failed to start).
+"""
+
+import base64
+import decimal
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+LOAD_TIMEOUT_S = 90
+CDP_TIMEOUT_S = 30
+VIEW_W, VIEW_H = 1440, 1000
+
+
+def die(code, msg):
+    print("chromium_check: " + msg, file=sys.stderr)
+    sys.exit(code)
+
+
+def find_chromium():
+    env = os.environ.get("CHROMIUM")
+    if env:
+        return env if shutil.which(env) or os.path.isfile(env) else None
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        p = shutil.which(name)
+        if p:
+            return p
+    return "/usr/lib/chromium/chromium" if os.path.isfile("/usr/lib/chromium/chromium") else None
+
+
+class Browser:
+    """Chromium with the DevTools protocol on fds 3 (commands in) and 4 (messages out)."""
+
+    def __init__(self, exe, profile):
+        cmd_r, self._cmd_w = os.pipe()
+        self._msg_r, msg_w = os.pipe()
+        flags = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--remote-debugging-pipe",
+            "--user-data-dir=" + profile,
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-features=Translate,MediaRouter,OptimizationHints",
+            "--mute-audio",
+            "--hide-scrollbars",
+            "--window-size=%d,%d" % (VIEW_W, VIEW_H),
+            "about:blank",
+        ]
+        # The shell puts the pipe ends on fds 3 and 4, where Chromium expects them.
+        script = 'exec "$0" "$@" 3<&%d 4>&%d' % (cmd_r, msg_w)
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            ["sh", "-c", script, exe] + flags,
+            pass_fds=(cmd_r, msg_w),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+        )
+        os.close(cmd_r)
+        os.close(msg_w)
+        self._next_id = 0
+        self._lock = threading.Condition()
+        self._replies = {}
+        self.events = []
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self._msg_r, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with self._lock:
+                    self._closed = True
+                    self._lock.notify_all()
+                return
+            buf += chunk
+            while b"\0" in buf:
+                raw, buf = buf.split(b"\0", 1)
+                try:
+                    msg = json.loads(raw)
+                except ValueError:
+                    continue
+                with self._lock:
+                    if "id" in msg:
+                        self._replies[msg["id"]] = msg
+                    else:
+                        self.events.append(msg)
+                    self._lock.notify_all()
+
+    def send(self, method, params=None, session=None, timeout=CDP_TIMEOUT_S):
+        with self._lock:
+            self._next_id += 1
+            mid = self._next_id
+        msg = {"id": mid, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        try:
+            os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        except OSError as e:
+            raise RuntimeError("chromium is gone (%s)" % e)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while mid not in self._replies:
+                left = deadline - time.monotonic()
+                if self._closed:
+                    raise RuntimeError("chromium closed the DevTools pipe (it exited?)")
+                if left <= 0:
+                    raise RuntimeError("no answer to %s within %d s" % (method, timeout))
+                self._lock.wait(left)
+            reply = self._replies.pop(mid)
+        if "error" in reply:
+            raise RuntimeError("%s: %s" % (method, reply["error"].get("message")))
+        return reply.get("result", {})
+
+    def log_tail(self):
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", "replace")[-3000:]
+
+    def close(self):
+        try:
+            self.send("Browser.close", timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd_w)
+
+
+def main():
+    if len(sys.argv) != 4:
+        die(2, "usage: chromium_check.py URL OUTDIR EXPECTED_TOTAL")
+    url, outdir, expected_arg = sys.argv[1], sys.argv[2], sys.argv[3]
+    try:
+        expected = decimal.Decimal(expected_arg.replace("$", "").replace(",", "")).quantize(decimal.Decimal("0.01"))
+    except decimal.InvalidOperation:
+        die(2, "EXPECTED_TOTAL %r is not a number" % expected_arg)
+    exe = find_chromium()
+    if not exe:
+        die(2, "chromium is not installed (apt-get install -y chromium, or set CHROMIUM=/path/to/chrome)")
+    os.makedirs(outdir, exist_ok=True)
+    origin = urllib.parse.urlsplit(url)
+    origin = (origin.scheme, origin.netloc)
+
+    profile = tempfile.mkdtemp(prefix="apron-ui-chromium-")
+    browser = None
+    failures = []
+    try:
+        browser = Browser(exe, profile)
+        try:
+            target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+            session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        except RuntimeError as e:
+            die(2, "cannot start chromium (%s): %s\n%s" % (exe, e, browser.log_tail()))
+
+        def cdp(method, params=None, timeout=CDP_TIMEOUT_S):
+            return browser.send(method, params, session, timeout)
+
+        def js(expr, timeout=CDP_TIMEOUT_S):
+            r = cdp("Runtime.evaluate", {"expression": expr, "returnByValue": True, "awaitPromise": True}, timeout)
+            if "exceptionDetails" in r:
+                raise RuntimeError("evaluating %s: %s" % (expr, r["exceptionDetails"].get("text")))
+            return r.get("result", {}).get("value")
+
+        def wait_for(expr, timeout, what):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if js(expr):
+                    return True
+                time.sleep(0.25)
+            failures.append("timed out after %d s waiting for %s" % (timeout, what))
+            return False
+
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            cdp(domain + ".enable")
+        cdp("Emulation.setDeviceMetricsOverride", {"width": VIEW_W, "height": VIEW_H, "deviceScaleFactor": 1, "mobile": False})
+        token = os.environ.get("APRON_UI_TOKEN")
+        if token:
+            # As if the user had saved it in the token field (apron serve).
+            cdp("Page.addScriptToEvaluateOnNewDocument", {"source": "localStorage.setItem('apron.token', %s);" % json.dumps(token)})
+        nav = cdp("Page.navigate", {"url": url})
+        if nav.get("errorText"):
+            die(2, "cannot load %s: %s" % (url, nav["errorText"]))
+
+        loaded = wait_for(
+            "document.body && document.body.dataset.state === 'ready'", LOAD_TIMEOUT_S, "the page's first refresh (body[data-state=ready])"
+        )
+        if loaded:
+            total = js(
+                "(() => { const e = document.getElementById('idle-dollars-total');"
+                " return e ? {text: e.textContent, value: e.dataset.value || '', week: e.dataset.week || ''} : null; })()"
+            )
+            if not total:
+                failures.append("#idle-dollars-total is missing")
+            else:
+                shown_text = total["text"].strip()
+                try:
+                    text_val = decimal.Decimal(shown_text.replace("$", "").replace(",", "").replace("\u2212", "-"))
+                except decimal.InvalidOperation:
+                    text_val = None
+                try:
+                    data_val = decimal.Decimal(total["value"])
+                except decimal.InvalidOperation:
+                    data_val = None
+                if text_val is None or text_val.quantize(decimal.Decimal("0.01")) != expected:
+                    failures.append(
+                        "#idle-dollars-total shows %r for week %s, expected %s" % (shown_text, total["week"] or "?", expected)
+                    )
+                elif data_val is None or data_val.quantize(decimal.Decimal("0.01")) != expected:
+                    failures.append("#idle-dollars-total data-value is %r, expected %s" % (total["value"], expected))
+                else:
+                    print("idle dollars total: %s (week %s) = expected %s" % (shown_text, total["week"], expected))
+
+            cells = js("Number((document.getElementById('heatmap') || {dataset: {}}).dataset.cells || 0)")
+            gpus = js("Number((document.getElementById('heatmap') || {dataset: {}}).dataset.gpus || 0)")
+            if not cells:
+                failures.append("the heatmap drew no cells (canvas#heatmap data-cells=%r)" % cells)
+            else:
+                print("heatmap: %d cells for %d GPUs" % (cells, gpus))
+
+            js(
+                "(() => { document.getElementById('sql-input').value = 'SELECT 1 AS one';"
+                " document.getElementById('sql-run').click(); return true; })()"
+            )
+            done = "document.getElementById('sql-table').dataset.rows === '1' || !document.getElementById('sql-error').hidden"
+            if wait_for(done, 30, "the SQL box's result (SELECT 1 AS one)"):
+                if js("document.getElementById('sql-table').dataset.rows") == "1":
+                    print("sql box: 1 row")
+                else:
+                    failures.append("the SQL box answered: %r" % js("document.getElementById('sql-error').textContent"))
+
+        # Screenshot of the whole page.
+        try:
+            if loaded:
+                h = js("Math.ceil(document.documentElement.scrollHeight)") or VIEW_H
+                cdp("Emulation.setDeviceMetricsOverride", {"width": VIEW_W, "height": min(max(h, VIEW_H), 8000), "deviceScaleFactor": 1, "mobile": False})
+                time.sleep(0.6)  # the page redraws its canvas and chart on resize (150 ms debounce)
+            shot = cdp("Page.captureScreenshot", {"format": "png"}, timeout=60)
+            path = os.path.join(outdir, "ui.png")
+            with open(path, "wb") as f:
+                f.write(base64.b64decode(shot["data"]))
+            print("screenshot: " + path)
+        except RuntimeError as e:
+            failures.append("screenshot failed: %s" % e)
+
+        # What the browser reported while all that ran.
+        with browser._lock:
+            events = list(browser.events)
+        tolerated = []
+        req_urls = {}
+        for ev in events:
+            m, p = ev.get("method"), ev.get("params", {})
+            if m == "Runtime.exceptionThrown":
+                d = p.get("exceptionDetails", {})
+                desc = (d.get("exception") or {}).get("description") or d.get("text")
+                failures.append("uncaught exception: %s (%s:%s)" % (desc, d.get("url", ""), d.get("lineNumber", "")))
+            elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                args = " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+                failures.append("console.%s: %s" % (p.get("type"), args))
+            elif m == "Log.entryAdded":
+                e = p.get("entry", {})
+                if e.get("level") != "error":
+                    continue
+                u = e.get("url") or ""
+                if e.get("source") == "network" and urllib.parse.urlsplit(u).path.startswith("/api/"):
+                    tolerated.append("%s (%s)" % (e.get("text"), u))
+                else:
+                    failures.append("browser error [%s]: %s %s" % (e.get("source"), e.get("text"), u))
+            elif m == "Network.requestWillBeSent":
+                u = p.get("request", {}).get("url", "")
+                req_urls[p.get("requestId")] = u
+                s = urllib.parse.urlsplit(u)
+                if s.scheme in ("http", "https", "ws", "wss") and (s.scheme, s.netloc) != origin:
+                    failures.append("request to another origin: " + u)
+            elif m == "Network.responseReceived":
+                r = p.get("response", {})
+                u = r.get("url", "")
+                if r.get("status", 0) >= 400 and not urllib.parse.urlsplit(u).path.startswith("/api/"):
+                    failures.append("HTTP %s for %s" % (r.get("status"), u))
+            elif m == "Network.loadingFailed":
+                u = req_urls.get(p.get("requestId"), "?")
+                if not p.get("canceled") and not urllib.parse.urlsplit(u).path.startswith("/api/"):
+                    failures.append("loading failed: %s (%s)" % (u, p.get("errorText")))
+        for t in tolerated:
+            print("note: API error handled by the page: " + t)
+        if any("status of 401" in t for t in tolerated):
+            failures.append("the API answered 401 Unauthorized: under apron serve, set APRON_UI_TOKEN to a SQL token")
+    except RuntimeError as e:
+        failures.append("devtools: %s" % e)
+        if browser:
+            failures.append("chromium output:\n" + browser.log_tail())
+    finally:
+        if browser:
+            browser.close()
+        shutil.rmtree(profile, ignore_errors=True)
+
+    if failures:
+        for f in failures:
+            print("FAIL: " + f, file=sys.stderr)
+        sys.exit(1)
+    print("ok: the web UI at %s passed" % url)
+
+
+if __name__ == "__main__":
+    main()
