@@ -271,7 +271,11 @@ impl Inner {
             .with_memory_pool(Arc::new(pool))
             .build_arc()
             .map_err(|e| QueryError::from_datafusion(e, self.config.memory_limit_bytes))?;
-        Ok(SessionStateBuilder::new_from_existing(self.base.clone()).with_runtime_env(runtime).build())
+        let mut state = SessionStateBuilder::new_from_existing(self.base.clone()).with_runtime_env(runtime).build();
+        // `now()` is the query's start, not the engine's (the base state was built once).
+        let options = state.config_options().clone();
+        state.execution_props_mut().mark_start_execution(options);
+        Ok(state)
     }
 
     async fn run(&self, sql: &str, max_rows: Option<usize>) -> Result<QueryResult, QueryError> {

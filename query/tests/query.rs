@@ -584,3 +584,17 @@ async fn object_store_root_persists_compacts_reopens_and_queries() {
     assert!(objects(&bucket).is_empty());
     assert_eq!(count(&e, total).await, 0);
 }
+
+/// `now()` is each query's start time, not the moment the engine was built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn now_is_the_query_start() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    std::thread::sleep(Duration::from_millis(50));
+    let before = apron_common::UnixMicros::now().0;
+    let j = json(&e, "SELECT CAST(now() AS BIGINT) AS t").await;
+    let t = j["rows"][0][0].as_i64().expect("int");
+    // now() is in ns or µs depending on the cast; compare in µs.
+    let t_us = if t > 10_000_000_000_000_000 { t / 1000 } else { t };
+    assert!(t_us >= before, "now() = {t_us} is older than {before}: frozen at the engine's creation");
+}

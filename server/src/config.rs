@@ -162,6 +162,9 @@ pub struct Overrides {
     pub pg_listen: Option<String>,
 }
 
+/// The PostgreSQL listener's address and `(user, password)` pairs.
+pub type PgListen = (SocketAddr, Vec<(String, String)>);
+
 /// Everything `apron serve` runs on, validated.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -177,7 +180,7 @@ pub struct ServeConfig {
     pub alerts: crate::alerts::AlertsConfig,
     pub recommend: crate::recommend::RecommendSettings,
     /// Address and `(user, password)` pairs; `None`: not listening.
-    pub pg: Option<(SocketAddr, Vec<(String, String)>)>,
+    pub pg: Option<PgListen>,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -312,10 +315,7 @@ fn check_token(key: String, token: String) -> Result<String, ConfigError> {
 }
 
 /// `[pg]` → the listener's address and users (passwords read from their files).
-fn resolve_pg(
-    pg: PgSection,
-    listen: Option<String>,
-) -> Result<Option<(SocketAddr, Vec<(String, String)>)>, ConfigError> {
+fn resolve_pg(pg: PgSection, listen: Option<String>) -> Result<Option<PgListen>, ConfigError> {
     let mut users = Vec::new();
     for (n, u) in pg.users.into_iter().enumerate() {
         let key = format!("pg.users[{n}]");
@@ -327,7 +327,7 @@ fn resolve_pg(
             (None, Some(path)) => std::fs::read_to_string(path)
                 .map_err(|e| {
                     invalid(
-                        &format!("{key}.password_file"),
+                        format!("{key}.password_file"),
                         path.display().to_string(),
                         format!("a readable file ({e})"),
                     )

@@ -28,6 +28,7 @@ pub mod backfill;
 pub mod config;
 mod deliver;
 pub mod derive;
+pub mod import;
 pub mod insights;
 pub mod ledger;
 pub mod pg;

@@ -113,6 +113,26 @@ enum Command {
         #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Backfill gpu_samples from dcgm-exporter history: Prometheus / OpenMetrics text
+    /// with timestamps, or Prometheus query_range JSON. Into a data directory that no
+    /// server has open; importing the same files again stores nothing new.
+    Import {
+        /// Files to import (one history across them).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The data directory.
+        #[arg(long, env = "APRON_DATA", default_value = DEFAULT_DATA_DIR)]
+        data: PathBuf,
+        /// Cluster name for the imported GPUs.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Host name for every imported GPU (when the Hostname label names the exporter's pod).
+        #[arg(long)]
+        host: Option<String>,
+        /// The longest gap a point sample still covers (default: 3× the series' median step).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        max_gap: Option<std::time::Duration>,
+    },
     /// Price books: show one's $/GPU-hour table, or import a SkyPilot catalog.
     Pricebook {
         #[command(subcommand)]
@@ -223,6 +243,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             rt.block_on(report_command(options))
         }
         Command::Pricebook { action } => pricebook_command(action),
+        Command::Import { files, data, cluster, host, max_gap } => {
+            rt.block_on(import_command(files, data, cluster, host, max_gap))
+        }
         Command::Up { http, data, pg, backfill } => rt.block_on(async move {
             let options = UpOptions { http, data_dir: data, pg, hostname: machine_hostname(), backfill };
             let up = Up::start(options).await?;
@@ -359,6 +382,58 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
         }
         _ => Ok(body),
     }
+}
+
+async fn import_command(
+    files: Vec<PathBuf>,
+    data: PathBuf,
+    cluster: Option<String>,
+    host: Option<String>,
+    max_gap: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
+    let options = apron_import::ImportOptions {
+        max_gap,
+        cluster: cluster.map(apron_common::ClusterName::new).transpose().context("--cluster")?,
+        host_override: host.map(apron_common::HostName::new).transpose().context("--host")?,
+        ..apron_import::ImportOptions::default()
+    };
+    let mut inputs = Vec::new();
+    for f in &files {
+        inputs.push((f.display().to_string(), std::fs::read(f).with_context(|| format!("reading {}", f.display()))?));
+    }
+    let config = apron_collector::StoreConfig { data_dir: data.clone(), ..apron_collector::StoreConfig::default() };
+    let store = tokio::task::spawn_blocking(move || apron_collector::Store::open(config))
+        .await?
+        .with_context(|| format!("cannot open {} (is a server running on it? stop it first)", data.display()))?;
+    let store = std::sync::Arc::new(store);
+    let engine =
+        std::sync::Arc::new(apron_query::QueryEngine::new(apron_query::QueryConfig::default(), store.clone())?);
+    let r = apron::import::run(store, engine, inputs, options, |line| eprintln!("apron import: {line}"))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let o = &r.outcome;
+    let span = match (o.first_us, o.last_us) {
+        (Some(a), Some(b)) => format!("{} .. {}", a.to_rfc3339(), b.to_rfc3339()),
+        _ => "nothing".to_owned(),
+    };
+    println!("read {} samples in {} series; {} windows ({span})", o.samples_read, o.series, o.rows);
+    println!("stored {} rows in {}", r.stored, data.display());
+    if r.overlapping > 0 {
+        println!(
+            "skipped {} rows: data already stored for that GPU and time (an earlier import, or agent data, which wins)",
+            r.overlapping
+        );
+    }
+    if r.already_imported > 0 {
+        println!("skipped {} rows: these files were imported before", r.already_imported);
+    }
+    for (why, n) in &o.skipped {
+        println!("skipped {n} samples: {why}");
+    }
+    for (why, n) in &o.warnings {
+        println!("warning ({n}): {why}");
+    }
+    Ok(())
 }
 
 /// The contract's `{"error", "detail"}` answer as an error.

@@ -80,6 +80,21 @@ fn pg_error(e: &QueryError) -> PgWireError {
     PgWireError::UserError(Box::new(info))
 }
 
+/// True when nothing but `--` / `/* */` comments, whitespace and semicolons is left.
+fn is_comment_only(query: &str) -> bool {
+    let mut rest = query;
+    loop {
+        rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
+        if let Some(after) = rest.strip_prefix("--") {
+            rest = after.split_once('\n').map_or("", |(_, r)| r);
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.split_once("*/").map_or("", |(_, r)| r);
+        } else {
+            return rest.is_empty();
+        }
+    }
+}
+
 /// Session statements clients send on connect, acknowledged without effect.
 fn session_noop(query: &str) -> Option<&'static str> {
     let first = query.trim_start().split(|c: char| c.is_whitespace() || c == ';').next()?.to_ascii_uppercase();
@@ -100,6 +115,10 @@ impl SimpleQueryHandler for Queries {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
     {
+        if is_comment_only(query) {
+            // Grafana's health check and connection pools send `-- ping`.
+            return Ok(vec![Response::EmptyQuery]);
+        }
         if let Some(tag) = session_noop(query) {
             return Ok(vec![Response::Execution(Tag::new(tag))]);
         }
@@ -176,17 +195,17 @@ impl PgWireServerHandlers for Handlers {
 /// One startup handler type for both modes (pgwire wants a single `impl` type).
 enum Startup {
     Trust(Trust),
-    Password(CleartextPasswordAuthStartupHandler<Users, DefaultServerParameterProvider>),
+    Password(Box<CleartextPasswordAuthStartupHandler<Users, DefaultServerParameterProvider>>),
 }
 
 impl From<&PgAuth> for Startup {
     fn from(a: &PgAuth) -> Startup {
         match a {
             PgAuth::Trust { user } => Startup::Trust(Trust { user: user.clone() }),
-            PgAuth::Password(users) => Startup::Password(CleartextPasswordAuthStartupHandler::new(
+            PgAuth::Password(users) => Startup::Password(Box::new(CleartextPasswordAuthStartupHandler::new(
                 Users(users.clone()),
                 DefaultServerParameterProvider::default(),
-            )),
+            ))),
         }
     }
 }
@@ -240,6 +259,14 @@ mod tests {
         // Writes are not "session statements": they reach the engine and its refusal.
         assert_eq!(session_noop("INSERT INTO gpu_samples VALUES (1)"), None);
         assert_eq!(session_noop("settle"), None);
+    }
+
+    #[test]
+    fn comment_only_queries_are_empty() {
+        assert!(is_comment_only("-- ping"));
+        assert!(is_comment_only(" /* hi */ ;\n-- x\n"));
+        assert!(!is_comment_only("-- ping\nSELECT 1"));
+        assert!(!is_comment_only("SELECT 1 -- trailing"));
     }
 
     #[test]

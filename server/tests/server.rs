@@ -11,6 +11,8 @@
 
 #[path = "server/cost.rs"]
 mod cost;
+#[path = "server/import.rs"]
+mod import;
 #[path = "server/insights.rs"]
 mod insights;
 #[path = "server/rollup.rs"]

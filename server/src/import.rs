@@ -1,0 +1,186 @@
+//! `apron import FILE…`: dcgm-exporter history (Prometheus / OpenMetrics text with
+//! timestamps, Prometheus `query_range` JSON) into `gpu_samples`, through the same
+//! ingest path agents use.
+//!
+//! ```text
+//!  files ─► apron_import::Importer (one history across files; point samples → windows)
+//!        ─► batches of ≤ 50 000 rows, in (GPU, time) order
+//!        ─► drop rows whose window overlaps data already stored for that GPU (agent or
+//!           scrape data wins over an import for the same GPU and time)
+//!        ─► Store::ingest as agent "import", epoch = a hash of the files' contents,
+//!           sequence = batch number: importing the same files again is a no-op (the
+//!           collector's (agent, epoch, sequence) dedup)
+//!        ─► persist; the cost ledger of the next `apron up` / `apron serve` prices it
+//! ```
+//!
+//! The data directory must not be open in a running server (the store's lock says so).
+
+use std::sync::Arc;
+
+use apron_collector::{IngestRequest, Store, Table};
+use apron_common::GpuWindow;
+use apron_common::wire::{encode_ipc, windows_to_batch};
+use apron_import::{ImportOptions, ImportOutcome, Importer};
+use apron_query::QueryEngine;
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
+
+use crate::ledger::{sql_str, ts};
+
+/// The agent id imported batches are stored under.
+pub const IMPORT_AGENT: &str = "import";
+const BATCH_ROWS: usize = 50_000;
+
+/// What an import did.
+#[derive(Debug, Clone, Default)]
+pub struct ImportReport {
+    pub outcome: ImportOutcome,
+    /// Rows stored now.
+    pub stored: usize,
+    /// Rows already stored by an earlier import of the same files.
+    pub already_imported: usize,
+    /// Rows dropped because data was already stored for that GPU and time.
+    pub overlapping: usize,
+    pub epoch: String,
+}
+
+/// FNV-1a over the inputs, their lengths included: the same files give the same epoch.
+fn epoch(inputs: &[(String, Vec<u8>)]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, bytes) in inputs {
+        for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes.iter()) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("import-{h:016x}")
+}
+
+/// Time already covered for one GPU, as sorted `(start, end]` intervals in µs.
+async fn covered(engine: &QueryEngine, gpu: &str, from: i64, to: i64) -> Result<Vec<(i64, i64)>, String> {
+    let sql = format!(
+        "SELECT time, window_s FROM gpu_samples WHERE gpu_uuid = {} AND time > {} AND time <= {} ORDER BY time",
+        sql_str(gpu),
+        ts(from),
+        // A window ending up to a day later may still reach back into the range.
+        ts(to + 86_400_000_000)
+    );
+    let batches = engine.execute_internal(&sql).await.map_err(|e| format!("{e} (in: {sql})"))?.batches;
+    let mut out = Vec::new();
+    for b in &batches {
+        let (t, w) =
+            (b.column(0).as_primitive::<TimestampMicrosecondType>(), b.column(1).as_primitive::<Float64Type>());
+        for r in 0..b.num_rows() {
+            let end = t.value(r);
+            out.push((end - (w.value(r) * 1e6).round() as i64, end));
+        }
+    }
+    Ok(out)
+}
+
+fn overlaps(iv: &[(i64, i64)], start: i64, end: i64) -> bool {
+    // First interval ending after `start`; it overlaps when it begins before `end`.
+    let i = iv.partition_point(|(_, e)| *e <= start);
+    iv.get(i).is_some_and(|(s, _)| *s < end)
+}
+
+/// Imports `inputs` (name, bytes) into `store`; `progress` hears one line per step.
+pub async fn run(
+    store: Arc<Store>,
+    engine: Arc<QueryEngine>,
+    inputs: Vec<(String, Vec<u8>)>,
+    options: ImportOptions,
+    mut progress: impl FnMut(String),
+) -> Result<ImportReport, String> {
+    let epoch = epoch(&inputs);
+    let mut importer = Importer::new(options).map_err(|e| e.to_string())?;
+    for (name, bytes) in &inputs {
+        let format = importer.add(bytes, None).map_err(|e| format!("{name}: {e}"))?;
+        progress(format!("read {name} ({}, {} bytes)", format.as_str(), bytes.len()));
+    }
+    let mut batches: Vec<Vec<GpuWindow>> = Vec::new();
+    let outcome = importer
+        .finish_in_batches(BATCH_ROWS, |rows| {
+            batches.push(rows);
+            Ok::<(), String>(())
+        })
+        .map_err(|e| e.to_string())?;
+    let mut report = ImportReport { outcome, epoch: epoch.clone(), ..ImportReport::default() };
+    let total: usize = batches.iter().map(Vec::len).sum();
+    let mut coverage: Option<(String, Vec<(i64, i64)>)> = None;
+    let (from, to) = (report.outcome.first_us.map_or(0, |t| t.0), report.outcome.last_us.map_or(0, |t| t.0));
+    let mut done = 0usize;
+    for (sequence, rows) in batches.into_iter().enumerate() {
+        let n = rows.len();
+        let mut keep = Vec::with_capacity(n);
+        for w in rows {
+            let gpu = w.gpu.gpu_uuid.as_str().to_owned();
+            if coverage.as_ref().is_none_or(|(g, _)| *g != gpu) {
+                let mut iv = covered(&engine, &gpu, from, to).await?;
+                // An earlier import of these same files is not "other data": its
+                // batches are recognised as duplicates below.
+                iv.sort_unstable();
+                coverage = Some((gpu.clone(), iv));
+            }
+            let iv = coverage.as_ref().map(|(_, iv)| iv.as_slice()).unwrap_or_default();
+            let end = w.time.0;
+            let start = end - i64::try_from(w.window.as_micros()).unwrap_or(i64::MAX);
+            if overlaps(iv, start, end) {
+                report.overlapping += 1;
+            } else {
+                keep.push(w);
+            }
+        }
+        if keep.is_empty() {
+            done += n;
+            progress(format!("skipped {done}/{total} rows (already stored)"));
+            continue;
+        }
+        let batch = windows_to_batch(&keep).map_err(|e| e.to_string())?;
+        let body = encode_ipc(&batch).map_err(|e| e.to_string())?;
+        let store2 = store.clone();
+        let epoch2 = epoch.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            store2.ingest(IngestRequest {
+                table: Table::GpuSamples,
+                agent: IMPORT_AGENT,
+                epoch: &epoch2,
+                sequence: sequence as u64,
+                body: &body,
+            })
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        if outcome.duplicate {
+            report.already_imported += keep.len();
+        } else {
+            report.stored += keep.len();
+        }
+        done += n;
+        progress(format!("stored {done}/{total} rows"));
+    }
+    let s = store.clone();
+    tokio::task::spawn_blocking(move || s.persist_now())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_is_half_open_on_both_sides() {
+        let iv = [(10, 20), (30, 40)];
+        assert!(!overlaps(&iv, 0, 10));
+        assert!(overlaps(&iv, 5, 11));
+        assert!(!overlaps(&iv, 20, 30));
+        assert!(overlaps(&iv, 39, 50));
+        assert!(!overlaps(&iv, 40, 50));
+        assert_eq!(epoch(&[("a".into(), b"x".to_vec())]), epoch(&[("b".into(), b"x".to_vec())]));
+        assert_ne!(epoch(&[("a".into(), b"x".to_vec())]), epoch(&[("a".into(), b"y".to_vec())]));
+    }
+}
