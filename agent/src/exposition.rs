@@ -52,6 +52,8 @@ pub struct GpuState {
     /// The last XID ever seen (dcgm-exporter's semantics for DCGM_FI_DEV_XID_ERRORS).
     pub xid_last: Option<f64>,
     pub owner: OwnerLabels,
+    /// Per field (by index): the end of the window its reading in `last` came from.
+    pub field_time_us: Vec<i64>,
 }
 
 /// Bookkeeping per sampler.
@@ -153,7 +155,19 @@ impl AgentState {
             if let Some(x) = row.value(Field::XidLast) {
                 st.xid_last = Some(x);
             }
-            st.last = Some(row.clone());
+            // A field whose sampler runs slower than the window (health every 10 s, say)
+            // keeps its last reading on /metrics for up to a minute, so the family does
+            // not vanish between its readings and Prometheus never sees it flap to stale.
+            let mut merged = row.clone();
+            st.field_time_us.resize(merged.fields.len(), i64::MIN);
+            for (i, f) in merged.fields.iter_mut().enumerate() {
+                if f.is_some() {
+                    st.field_time_us[i] = row.time.0;
+                } else if !row.lost && row.time.0.saturating_sub(st.field_time_us[i]) <= HOLD_LAST_US {
+                    *f = st.last.as_ref().and_then(|p| p.fields.get(i).cloned().flatten());
+                }
+            }
+            st.last = Some(merged);
         }
     }
 
@@ -161,6 +175,9 @@ impl AgentState {
         kind == IssueKind::Unsupported && self.unsupported.insert((group, what, slot))
     }
 }
+
+/// How long a slow sampler's last reading stays on /metrics without a new one.
+const HOLD_LAST_US: i64 = 60_000_000;
 
 /// Shared handle to the agent state.
 #[derive(Clone, Debug, Default)]
@@ -1154,6 +1171,27 @@ mod tests {
     /// The whole exposition for a fixed state, against a reviewed golden file. Lines
     /// about the test process itself (CPU, RSS, start time) vary and are left out.
     /// `UPDATE_GOLDEN=1 cargo test -p apron-agent golden` rewrites the file.
+    #[test]
+    fn a_slow_samplers_reading_stays_for_a_minute() {
+        let g = GpuIdentity::gpu(HostName::new("h").expect("host"), GpuUuid::new("GPU-h").expect("uuid"), 0, "m");
+        let mut st = AgentState::new("sim", None, std::slice::from_ref(&g));
+        let row = |t: i64, replays: Option<f64>| {
+            let mut w = GpuWindow::new(UnixMicros(t * 1_000_000), std::time::Duration::from_secs(1), g.clone());
+            w.fields[Field::GpuUtil.index()] = Some(FieldStats { count: 1, mean: 0.5, min: 0.5, max: 0.5, last: 0.5 });
+            w.fields[Field::PcieReplays.index()] =
+                replays.map(|v| FieldStats { count: 1, mean: v, min: v, max: v, last: v });
+            w
+        };
+        let replays = |st: &AgentState| st.gpus[0].1.last.as_ref().and_then(|w| w.value(Field::PcieReplays));
+        st.apply_windows(&[row(100, Some(3.0))]);
+        st.apply_windows(&[row(101, None)]);
+        assert_eq!(replays(&st), Some(3.0), "held between readings");
+        st.apply_windows(&[row(160, None)]);
+        assert_eq!(replays(&st), Some(3.0), "60 s after its reading");
+        st.apply_windows(&[row(161, None)]);
+        assert_eq!(replays(&st), None, "gone when the sampler stopped");
+    }
+
     #[test]
     fn golden_exposition() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/metrics.txt");

@@ -249,6 +249,22 @@ impl Importer {
 
     /// Adds one input, in `format` or the detected one, and returns the format used.
     /// On error nothing of this input is kept, and the importer can go on.
+    /// A live scrape of an exporter: samples without a timestamp are taken at `at` (the
+    /// scrape's time); samples with one keep theirs.
+    pub fn add_scrape(&mut self, input: &[u8], format: Option<Format>, at: UnixMicros) -> Result<Format, ImportError> {
+        self.builder.default_time = Some(at.0);
+        let r = self.add(input, format);
+        self.builder.default_time = None;
+        r
+    }
+
+    /// One sample given as parts (an OTLP data point, say): metric name, labels, time,
+    /// value — mapped and checked exactly like a parsed line.
+    pub fn add_point(&mut self, name: &str, labels: &[(&str, &str)], at: UnixMicros, value: f64) {
+        let series = self.builder.resolve(Some(name), labels);
+        self.builder.sample(series, Some(at.0), value);
+    }
+
     pub fn add(&mut self, input: &[u8], format: Option<Format>) -> Result<Format, ImportError> {
         let format = format.unwrap_or_else(|| Format::detect(input));
         let mark = self.builder.mark();

@@ -104,6 +104,8 @@ pub(crate) struct Builder {
     gpu_by_key: HashMap<String, u32>,
     samples_read: u64,
     skipped: BTreeMap<&'static str, u64>,
+    /// The time of samples that carry none (a live scrape: the scrape's time).
+    pub(crate) default_time: Option<i64>,
 }
 
 impl Builder {
@@ -116,6 +118,7 @@ impl Builder {
             gpu_by_key: HashMap::new(),
             samples_read: 0,
             skipped: BTreeMap::new(),
+            default_time: None,
         }
     }
 
@@ -154,7 +157,7 @@ impl Builder {
             Entry::Target { gpu, mapping, label } => (gpu, mapping, label),
         };
         let field = mapping.field;
-        let Some(t) = t else { return self.skip(reason::NO_TIMESTAMP, 1) };
+        let Some(t) = t.or(self.default_time) else { return self.skip(reason::NO_TIMESTAMP, 1) };
         if !value.is_finite() {
             return self.skip(reason::NOT_FINITE, 1);
         }

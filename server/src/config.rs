@@ -93,6 +93,9 @@ pub struct FileConfig {
     /// The PostgreSQL wire listener (`crate::pg`).
     #[serde(default)]
     pub pg: PgSection,
+    /// dcgm-exporter endpoints to scrape as a source (`[[scrape]]`, `crate::scrape`).
+    #[serde(default)]
+    pub scrape: Vec<crate::scrape::ScrapeTarget>,
 }
 
 /// `[pg]`: where PostgreSQL clients connect and who they are. Without users the port is
@@ -181,6 +184,7 @@ pub struct ServeConfig {
     pub recommend: crate::recommend::RecommendSettings,
     /// Address and `(user, password)` pairs; `None`: not listening.
     pub pg: Option<PgListen>,
+    pub scrape: Vec<crate::scrape::ScrapeTarget>,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -301,6 +305,7 @@ impl FileConfig {
             alerts: self.alerts,
             recommend: self.recommend,
             pg: resolve_pg(self.pg, o.pg_listen)?,
+            scrape: self.scrape,
         })
     }
 }

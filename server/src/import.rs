@@ -84,6 +84,68 @@ fn overlaps(iv: &[(i64, i64)], start: i64, end: i64) -> bool {
     iv.get(i).is_some_and(|(s, _)| *s < end)
 }
 
+/// What [`store_windows`] did with one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub stored: usize,
+    /// Already stored under this (agent, epoch, sequence).
+    pub duplicate: usize,
+    /// Dropped: data already covers that GPU and time.
+    pub overlapping: usize,
+}
+
+/// Stores `rows` (sorted by GPU, then time) as one ingest batch of `agent`, leaving out
+/// every window that overlaps data already stored for its GPU in `range` (µs): what an
+/// agent (or anything before) stored wins. Shared by `apron import` and `[[scrape]]`.
+pub(crate) async fn store_windows(
+    store: &Arc<Store>,
+    engine: &QueryEngine,
+    rows: Vec<GpuWindow>,
+    range: (i64, i64),
+    agent: &str,
+    epoch: &str,
+    sequence: u64,
+) -> Result<Stored, String> {
+    let mut out = Stored::default();
+    let mut coverage: Option<(String, Vec<(i64, i64)>)> = None;
+    let mut keep = Vec::with_capacity(rows.len());
+    for w in rows {
+        let gpu = w.gpu.gpu_uuid.as_str().to_owned();
+        if coverage.as_ref().is_none_or(|(g, _)| *g != gpu) {
+            let mut iv = covered(engine, &gpu, range.0, range.1).await?;
+            iv.sort_unstable();
+            coverage = Some((gpu.clone(), iv));
+        }
+        let iv = coverage.as_ref().map(|(_, iv)| iv.as_slice()).unwrap_or_default();
+        let end = w.time.0;
+        let start = end - i64::try_from(w.window.as_micros()).unwrap_or(i64::MAX);
+        if overlaps(iv, start, end) {
+            out.overlapping += 1;
+        } else {
+            keep.push(w);
+        }
+    }
+    if keep.is_empty() {
+        return Ok(out);
+    }
+    let batch = windows_to_batch(&keep).map_err(|e| e.to_string())?;
+    let body = encode_ipc(&batch).map_err(|e| e.to_string())?;
+    let (store, agent, epoch) = (store.clone(), agent.to_owned(), epoch.to_owned());
+    let n = keep.len();
+    let outcome = tokio::task::spawn_blocking(move || {
+        store.ingest(IngestRequest { table: Table::GpuSamples, agent: &agent, epoch: &epoch, sequence, body: &body })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    if outcome.duplicate {
+        out.duplicate = n;
+    } else {
+        out.stored = n;
+    }
+    Ok(out)
+}
+
 /// Imports `inputs` (name, bytes) into `store`; `progress` hears one line per step.
 pub async fn run(
     store: Arc<Store>,
@@ -107,56 +169,14 @@ pub async fn run(
         .map_err(|e| e.to_string())?;
     let mut report = ImportReport { outcome, epoch: epoch.clone(), ..ImportReport::default() };
     let total: usize = batches.iter().map(Vec::len).sum();
-    let mut coverage: Option<(String, Vec<(i64, i64)>)> = None;
     let (from, to) = (report.outcome.first_us.map_or(0, |t| t.0), report.outcome.last_us.map_or(0, |t| t.0));
     let mut done = 0usize;
     for (sequence, rows) in batches.into_iter().enumerate() {
         let n = rows.len();
-        let mut keep = Vec::with_capacity(n);
-        for w in rows {
-            let gpu = w.gpu.gpu_uuid.as_str().to_owned();
-            if coverage.as_ref().is_none_or(|(g, _)| *g != gpu) {
-                let mut iv = covered(&engine, &gpu, from, to).await?;
-                // An earlier import of these same files is not "other data": its
-                // batches are recognised as duplicates below.
-                iv.sort_unstable();
-                coverage = Some((gpu.clone(), iv));
-            }
-            let iv = coverage.as_ref().map(|(_, iv)| iv.as_slice()).unwrap_or_default();
-            let end = w.time.0;
-            let start = end - i64::try_from(w.window.as_micros()).unwrap_or(i64::MAX);
-            if overlaps(iv, start, end) {
-                report.overlapping += 1;
-            } else {
-                keep.push(w);
-            }
-        }
-        if keep.is_empty() {
-            done += n;
-            progress(format!("skipped {done}/{total} rows (already stored)"));
-            continue;
-        }
-        let batch = windows_to_batch(&keep).map_err(|e| e.to_string())?;
-        let body = encode_ipc(&batch).map_err(|e| e.to_string())?;
-        let store2 = store.clone();
-        let epoch2 = epoch.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            store2.ingest(IngestRequest {
-                table: Table::GpuSamples,
-                agent: IMPORT_AGENT,
-                epoch: &epoch2,
-                sequence: sequence as u64,
-                body: &body,
-            })
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-        if outcome.duplicate {
-            report.already_imported += keep.len();
-        } else {
-            report.stored += keep.len();
-        }
+        let s = store_windows(&store, &engine, rows, (from, to), IMPORT_AGENT, &epoch, sequence as u64).await?;
+        report.overlapping += s.overlapping;
+        report.stored += s.stored;
+        report.already_imported += s.duplicate;
         done += n;
         progress(format!("stored {done}/{total} rows"));
     }

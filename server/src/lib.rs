@@ -35,6 +35,7 @@ pub mod pg;
 pub mod recommend;
 pub mod report;
 pub mod schedule;
+pub mod scrape;
 pub mod sql;
 pub mod ui;
 pub mod up;
@@ -140,6 +141,7 @@ pub struct Server {
     recommender: Option<Arc<recommend::Recommender>>,
     insights: Router,
     pg: Option<(tokio::net::TcpListener, pg::PgAuth)>,
+    scrapers: Vec<scrape::Scraper>,
 }
 
 impl std::fmt::Debug for Server {
@@ -216,6 +218,7 @@ impl Server {
             recommender: None,
             insights: insights::router(None, None, sql_auth.clone()),
             pg: None,
+            scrapers: Vec::new(),
         })
     }
 
@@ -283,6 +286,15 @@ impl Server {
     pub fn with_pg(mut self, listener: tokio::net::TcpListener, auth: pg::PgAuth) -> Server {
         self.pg = Some((listener, auth));
         self
+    }
+
+    /// Scrapes these dcgm-exporter endpoints as a source (`[[scrape]]`).
+    pub fn with_scrape(mut self, targets: Vec<scrape::ScrapeTarget>) -> Result<Server, ServerError> {
+        for t in targets {
+            let s = scrape::Scraper::new(self.store.clone(), self.engine.clone(), t).map_err(ServerError::Cost)?;
+            self.scrapers.push(s);
+        }
+        Ok(self)
     }
 
     /// The alert evaluator, when on (tests drive `evaluate_at` / `deliver` directly).
@@ -386,6 +398,8 @@ impl Server {
             }
             AbortOnDrop(tokio::spawn(pg::serve(listener, self.engine.clone(), auth)))
         });
+        let scrapers: Vec<AbortOnDrop> =
+            std::mem::take(&mut self.scrapers).into_iter().map(|s| AbortOnDrop(tokio::spawn(s.run()))).collect();
         let schedule = self.schedule.clone().map(|s| {
             tracing::info!(deliveries = ?s.config().deliveries(), "weekly report schedule started");
             AbortOnDrop(tokio::spawn(s.run()))
@@ -436,6 +450,7 @@ impl Server {
         drop(alerts);
         drop(recommender);
         drop(pg);
+        drop(scrapers);
         let store = self.store.clone();
         let persisted = tokio::task::spawn_blocking(move || store.persist_now())
             .await

@@ -196,7 +196,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let addr = listener.local_addr()?;
                 let (store, ingest, query, rollup, cost) =
                     (config.store, config.ingest, config.query, config.rollup, config.cost);
-                let (report, alerts, recommend) = (config.report, config.alerts, config.recommend);
+                let (report, alerts, recommend, scrape) = (config.report, config.alerts, config.recommend, config.scrape);
                 let pg = match config.pg {
                     Some((addr, users)) => {
                         let l = tokio::net::TcpListener::bind(addr)
@@ -219,7 +219,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .with_cost(cost)?
                     .with_report(report)
                     .with_alerts(alerts)
-                    .with_recommend(recommend);
+                    .with_recommend(recommend)
+                    .with_scrape(scrape)?;
                 let server = match pg {
                     Some((l, auth)) => server.with_pg(l, auth),
                     None => server,

@@ -1297,3 +1297,107 @@ fn apron_up_report_shows_the_fleets_idle_cost_equal_to_sql() {
     assert_eq!(via_psql, expected);
     drop(child);
 }
+
+/// Every query of the Grafana dashboards (`dashboards/grafana/`) answers with data: the
+/// PromQL panels against a real Prometheus scraping `apron up`'s agent and server, the
+/// SQL panels over the HTTP API and through psql after Grafana's macros are expanded
+/// (`tests/dashboards/check.py`; no Grafana runs here). The checker's own unit tests
+/// run first.
+#[test]
+fn grafana_dashboard_queries_answer_on_apron_up() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let unit = Command::new("python3")
+        .arg("tests/dashboards/test_check.py")
+        .current_dir(root)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3");
+    assert!(
+        unit.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&unit.stdout),
+        String::from_utf8_lossy(&unit.stderr)
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("apron-data");
+    let mut child = Command::new(APRON)
+        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--backfill", "3h", "--data"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("up.log")).expect("log"))
+        .spawn()
+        .expect("apron up starts");
+    struct Kill(Vec<Child>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let endpoints: Value = poll("endpoints.json", Duration::from_secs(30), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("apron up exited with {status}");
+        }
+        serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).ok()?).ok()
+    });
+    let mut procs = Kill(vec![child]);
+    let hostport = |key: &str| -> String {
+        let u = endpoints[key].as_str().unwrap_or_else(|| panic!("{endpoints}"));
+        let rest = u.split_once("://").map_or(u, |(_, r)| r);
+        rest.split('/').next().unwrap_or(rest).to_owned()
+    };
+    let (server, agent) = (hostport("http"), hostport("agent_metrics"));
+    let pg = endpoints["postgres"].as_str().expect("postgres").to_owned();
+    let pg_port = pg.rsplit_once(':').and_then(|(_, p)| p.split('/').next()).expect("pg port").to_owned();
+
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: apron-agent\n    honor_labels: true\n    static_configs:\n      - targets: ['{agent}']\n  - job_name: apron\n    static_configs:\n      - targets: ['{server}']\n"
+        ),
+    )
+    .expect("config");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+    let prom = Command::new(std::env::var("APRON_PROMETHEUS").unwrap_or_else(|_| "prometheus".into()))
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("prom").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prom.log")).expect("log"))
+        .spawn()
+        .expect("prometheus (Debian package; scripts/install-test-tools.sh installs it)");
+    procs.0.push(prom);
+    let prom_addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    poll("Prometheus ready", Duration::from_secs(30), || {
+        try_request(prom_addr, "GET", "/-/ready", &[], b"").ok().filter(|r| r.status == 200)
+    });
+
+    let check = |args: &[&str], dashboards: &[&str]| {
+        let o = Command::new("python3")
+            .arg("tests/dashboards/check.py")
+            .args(args)
+            .args(["--from", "now-3h", "--to", "now", "--retry-empty-for", "300s"])
+            .args(dashboards)
+            .current_dir(root)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .output()
+            .expect("python3");
+        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        // 2: a tool is missing or the arguments are wrong: a failure, never a skip.
+        assert!(o.status.success(), "dashboard check failed ({:?}):\n{out}", o.status.code());
+        out
+    };
+    let prom_url = format!("http://127.0.0.1:{port}");
+    let http = format!("http://{server}");
+    let out = check(
+        &["--prometheus", &prom_url, "--scrape-interval", "1s", "--sql-mode", "http", "--server", &http],
+        &["dashboards/grafana/prometheus", "dashboards/grafana/postgres"],
+    );
+    assert!(out.contains(" ok"), "{out}");
+    let psql = format!("psql -h 127.0.0.1 -p {pg_port} -U apron -d apron");
+    check(&["--sql-mode", "psql", "--psql-cmd", &psql], &["dashboards/grafana/postgres"]);
+}

@@ -158,3 +158,71 @@ async fn an_imported_openmetrics_export_prices_like_the_agent_trace() {
     assert_eq!((over.stored, over.overlapping), (0, 480));
     assert_eq!(count(&agent).await, 7200);
 }
+
+/// `[[scrape]]`: a dcgm-exporter endpoint (here an HTTP server answering like one, with
+/// no timestamps) becomes 15 s windows (t_prev, t]; where an agent already covers the
+/// GPU, the scrape's window is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scraping_a_dcgm_exporter_stores_windows_and_yields_to_the_agent() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let util = [0, 100, 50, 25][n.min(3)];
+            async move {
+                format!(
+                    "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n\
+                     DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-S\",device=\"nvidia0\",modelName=\"NVIDIA A100-SXM4-40GB\",Hostname=\"node-9\"}} {util}\n\
+                     # TYPE DCGM_FI_DEV_FB_USED gauge\n\
+                     DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"GPU-S\",device=\"nvidia0\",modelName=\"NVIDIA A100-SXM4-40GB\",Hostname=\"node-9\"}} 1024\n"
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path());
+    let target: apron::scrape::ScrapeTarget =
+        toml::from_str(&format!("url = \"http://{addr}/metrics\"\ninterval = \"15s\"\ncluster = \"lab\""))
+            .expect("target");
+    let mut s = apron::scrape::Scraper::new(server.store().clone(), server.engine().clone(), target).expect("scraper");
+    let at = |k: i64| UnixMicros(T0 + k * 15 * SEC);
+    // The first scrape opens the series; each later one is a 15 s window.
+    assert_eq!(s.scrape_at(at(0)).await.expect("scrape").windows, 0);
+    assert_eq!(s.scrape_at(at(1)).await.expect("scrape").stored, 1);
+    // An agent already shipped 1 s windows for the next 15 s of this GPU: it wins.
+    let gpu = GpuIdentity::gpu(
+        HostName::new("node-9").expect("host"),
+        GpuUuid::new("GPU-S").expect("uuid"),
+        0,
+        "NVIDIA A100-SXM4-40GB",
+    );
+    let agent: Vec<GpuWindow> =
+        (1..=15).map(|i| GpuWindow::new(UnixMicros(at(1).0 + i * SEC), Duration::from_secs(1), gpu.clone())).collect();
+    let body = encode_ipc(&windows_to_batch(&agent).expect("batch")).expect("ipc");
+    server
+        .store()
+        .ingest(IngestRequest { table: Table::GpuSamples, agent: "a", epoch: "e", sequence: 0, body: &body })
+        .expect("ingest");
+    let r = s.scrape_at(at(2)).await.expect("scrape");
+    assert_eq!((r.stored, r.overlapping), (0, 1));
+    assert_eq!(s.scrape_at(at(3)).await.expect("scrape").stored, 1);
+
+    let q = "SELECT CAST(time AS VARCHAR) AS t, window_s, CAST(gpu_util AS DOUBLE), fb_used_bytes, \"cluster\", \"host\" \
+             FROM gpu_samples WHERE window_s = 15 ORDER BY time";
+    let r = server.engine().execute(q).await.expect("query");
+    let j: Value = serde_json::from_slice(&r.render(Format::Json).expect("render")).expect("json");
+    let rows = j["rows"].as_array().expect("rows");
+    // (10:00:00, 10:00:15] at 100 % and (10:00:30, 10:00:45] at 25 %; 1 GiB as bytes.
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[0][2].as_f64(), rows[1][2].as_f64()), (Some(1.0), Some(0.25)));
+    assert_eq!(rows[0][3], 1024 * 1024 * 1024);
+    assert_eq!((rows[0][4].as_str(), rows[0][5].as_str()), (Some("lab"), Some("node-9")));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
