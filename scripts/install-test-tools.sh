@@ -44,6 +44,12 @@ if ! python3 -c "import aiosmtpd, openpyxl" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check "aiosmtpd>=1.4" "openpyxl>=3.1"
 fi
 
+# A real OTLP peer: the OpenTelemetry Python SDK's OTLP/HTTP exporter sends to the
+# server's POST /v1/metrics (tests/otlp/send_dcgm.py).
+if ! python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check "opentelemetry-sdk>=1.20" "opentelemetry-exporter-otlp-proto-http>=1.20"
+fi
+
 # A real S3-compatible server for the object-store storage root (query/tests/query.rs).
 # Built once into ~/.cache/apron-tools, outside the clone, so CI does not rebuild it
 # every run (the tests look there, or at $APRON_S3S_FS).

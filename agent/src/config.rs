@@ -61,6 +61,9 @@ pub struct FileConfig {
     /// Shipping to the collector (used only when `agent.collector` is set).
     #[serde(default)]
     pub shipper: ShipperSection,
+    /// Pushing metrics to an OpenTelemetry endpoint (cargo feature `otlp`).
+    #[serde(default)]
+    pub otlp: crate::otlp::OtlpSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -372,6 +375,8 @@ pub struct AgentConfig {
     pub sim: SimConfig,
     /// Shipping to the collector; `None` without a collector.
     pub shipper: Option<ShipperConfig>,
+    /// OTLP export; `None` without an `[otlp]` section.
+    pub otlp: Option<crate::otlp::OtlpConfig>,
 }
 
 /// The window length must divide evenly into whole windows per minute and stay within
@@ -432,6 +437,7 @@ impl FileConfig {
             return Err(invalid("agent.collector", url, "an http:// or https:// URL"));
         }
         let shipper = self.shipper.resolve(collector.as_deref(), o.collector_token, hostname.as_str())?;
+        let otlp = self.otlp.resolve()?;
 
         let mut disabled = Vec::new();
         for name in &self.samplers.disabled {
@@ -474,6 +480,7 @@ impl FileConfig {
             attribution: self.attribution,
             sim: self.sim,
             shipper,
+            otlp,
         })
     }
 }

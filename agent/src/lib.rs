@@ -26,12 +26,15 @@
 //! - [`attribution`]: PID → container, pod, Slurm job, user.
 //! - [`ship`]: Arrow IPC batches to the collector's `POST /api/v1/ingest`, with retries
 //!   and a bounded on-disk spool (`docs/ingest.md`).
+//! - [`otlp`]: the same state pushed to an OpenTelemetry endpoint (feature `otlp`,
+//!   `docs/otlp.md`).
 //!
 //! The library never reads the environment; `main.rs` does, and calls [`run`].
 
 pub mod attribution;
 pub mod config;
 pub mod exposition;
+pub mod otlp;
 pub mod runtime;
 pub mod sampler;
 pub mod selfstats;
@@ -68,6 +71,8 @@ pub enum AgentError {
     Serve(std::io::Error),
     #[error(transparent)]
     Ship(#[from] ship::ShipError),
+    #[error("[otlp]: {0}")]
+    Otlp(String),
     #[cfg(feature = "kubernetes")]
     #[error("[attribution.kubernetes]: {0}")]
     Kubernetes(#[from] attribution::kube::KubeError),
@@ -183,6 +188,11 @@ pub async fn run(
         "sampling {}",
         inventory.iter().map(|g| g.gpu_uuid.as_str()).collect::<Vec<_>>().join(", ")
     );
+    #[cfg(feature = "otlp")]
+    let otlp = match &config.otlp {
+        Some(c) => Some(otlp::start(c, state.clone(), config.hostname.as_str()).map_err(AgentError::Otlp)?),
+        None => None,
+    };
     let stop = Stop::default();
     let handles = runtime::start(samplers, aggregation, stop.clone()).map_err(AgentError::Thread)?;
 
@@ -195,6 +205,11 @@ pub async fn run(
         }
     });
     let _ = tokio::time::timeout(Duration::from_secs(5), joined).await;
+    #[cfg(feature = "otlp")]
+    if let Some(exporter) = otlp {
+        // After the samplers: the last export carries the last windows.
+        exporter.stop().await;
+    }
     #[cfg(feature = "kubernetes")]
     if let Some((labels, _handle)) = kube_labels {
         // The thread ends at its next wake-up; a list in flight is bounded by its timeout

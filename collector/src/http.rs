@@ -160,6 +160,19 @@ impl IngestState {
         })
     }
 
+    /// Checks an ingest bearer token, for other ingest routes of the server (OTLP).
+    pub fn authorize_ingest(&self, headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
+        authorize(headers, &self.inner.tokens).map_err(|e| match e {
+            ApiError::Unauthorized(why) => (StatusCode::UNAUTHORIZED, why),
+            _ => (StatusCode::UNAUTHORIZED, "unauthorized"),
+        })
+    }
+
+    /// The configured request body limit.
+    pub fn max_body_bytes(&self) -> usize {
+        self.inner.max_body_bytes
+    }
+
     pub fn store(&self) -> &Arc<Store> {
         &self.inner.store
     }

@@ -31,12 +31,14 @@ pub mod derive;
 pub mod import;
 pub mod insights;
 pub mod ledger;
+pub mod otlp_in;
 pub mod pg;
 pub mod recommend;
 pub mod report;
 pub mod schedule;
 pub mod scrape;
 pub mod sql;
+pub mod telemetry;
 pub mod ui;
 pub mod up;
 
@@ -97,7 +99,11 @@ pub enum ServerError {
 /// apply to the routes present when they are set — so every route answers unknown paths
 /// and methods in the contract's error shape.
 pub fn app(ingest: IngestState, sql: Router) -> Router {
-    apron_collector::http::router(ingest).merge(sql).method_not_allowed_fallback(method_not_allowed).fallback(not_found)
+    apron_collector::http::router(ingest)
+        .merge(sql)
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(telemetry::trace_request))
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -407,7 +413,12 @@ impl Server {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = app(
             self.ingest.clone(),
-            self.sql.clone().merge(self.reports.clone()).merge(self.insights.clone()).merge(ui::router()),
+            self.sql
+                .clone()
+                .merge(self.reports.clone())
+                .merge(self.insights.clone())
+                .merge(otlp_in::router(otlp_in::OtlpState::new(self.ingest.clone(), self.engine.clone())))
+                .merge(ui::router()),
         );
         let mut serving = tokio::spawn(async move {
             axum::serve(listener, router)

@@ -18,6 +18,12 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax), e.g. info or apron_collector=debug.
     #[arg(long, env = "APRON_LOG", default_value = "info", global = true)]
     log: String,
+    /// Export the server's request spans to this OTLP endpoint, e.g. http://otel-collector:4317.
+    #[arg(long, env = "APRON_OTLP_TRACES", global = true)]
+    otlp_traces: Option<String>,
+    /// Transport for --otlp-traces.
+    #[arg(long, env = "APRON_OTLP_TRACES_PROTOCOL", default_value = "grpc", value_parser = ["grpc", "http/protobuf"], global = true)]
+    otlp_traces_protocol: String,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -159,10 +165,6 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -178,6 +180,20 @@ fn run(args: Args) -> anyhow::Result<()> {
         .thread_name("apron")
         .build()
         .context("starting the async runtime")?;
+    let otlp = args.otlp_traces.clone().map(|endpoint| apron::telemetry::OtlpTracing {
+        protocol: if args.otlp_traces_protocol == "http/protobuf" {
+            apron::telemetry::TraceProtocol::HttpProtobuf
+        } else {
+            apron::telemetry::TraceProtocol::Grpc
+        },
+        ..apron::telemetry::OtlpTracing::new(endpoint)
+    });
+    // Inside the runtime (the gRPC channel runs on it). Declared after `rt`, so it is
+    // dropped first, outside block_on, flushing the last spans.
+    let _telemetry = {
+        let _enter = rt.enter();
+        apron::telemetry::init_tracing(&args.log, otlp.as_ref()).map_err(anyhow::Error::msg)?
+    };
     match args.command {
         Command::Sql { query, format, server, data, token } => {
             rt.block_on(sql_command(query, format, server, data, token))

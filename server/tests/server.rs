@@ -1401,3 +1401,41 @@ fn grafana_dashboard_queries_answer_on_apron_up() {
     let psql = format!("psql -h 127.0.0.1 -p {pg_port} -U apron -d apron");
     check(&["--sql-mode", "psql", "--psql-cmd", &psql], &["dashboards/grafana/postgres"]);
 }
+
+/// OTLP/HTTP metrics from a real OpenTelemetry SDK exporter (Python, as a Collector
+/// forwarding a dcgm-exporter scrape would send them) become `gpu_samples` windows:
+/// each export's point stands for the time since the previous one.
+#[test]
+fn otlp_metrics_from_a_real_exporter_land_in_gpu_samples() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let log = dir.path().join("apron.log");
+    let config = write_config(dir.path(), &data, "[sql]\ntokens = [\"sql-token-0123456789abcdef\"]", "");
+    let server = ServerProc::start(&config, &[], &log);
+    let endpoint = format!("http://{}/v1/metrics", server.addr);
+    // No token, and a body that is not OTLP: refused, nothing stored.
+    assert_eq!(request(server.addr, "POST", "/v1/metrics", &[], b"x").status, 401);
+    let auth = format!("Bearer {TOKEN}");
+    let r = request(server.addr, "POST", "/v1/metrics", &[("authorization", &auth)], b"\xff\xff\xff");
+    assert_eq!(r.status, 400, "{r:?}");
+    let o = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/otlp/send_dcgm.py"))
+        .args([endpoint.as_str(), TOKEN, "0", "100", "50"])
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let q = b"SELECT CAST(gpu_util AS DOUBLE) AS u, fb_used_bytes, \"host\", owner, window_s FROM gpu_samples \
+              WHERE gpu_uuid = 'GPU-OTLP' ORDER BY time";
+    let ok = [("authorization", "Bearer sql-token-0123456789abcdef"), ("accept", "application/json")];
+    let r = request(server.addr, "POST", "/api/v1/sql", &ok, q);
+    assert_eq!(r.status, 200, "{r:?}");
+    let rows = r.json()["rows"].as_array().expect("rows").clone();
+    // Three exports: the first opens the series, the next two are windows.
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[0][0].as_f64(), rows[1][0].as_f64()), (Some(1.0), Some(0.5)));
+    assert_eq!(rows[0][1], 1024 * 1024 * 1024);
+    assert_eq!((rows[0][2].as_str(), rows[0][3].as_str()), (Some("otlp-node"), Some("ml/train-x")));
+    let w = rows[1][4].as_f64().expect("window");
+    assert!((0.9..5.0).contains(&w), "an export's window is the time since the previous one: {w}");
+    server.stop();
+}
