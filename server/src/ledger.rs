@@ -280,7 +280,9 @@ impl Ledger {
         let oldest = now_us.saturating_sub(retention).div_euclid(DAY_US);
         let days: BTreeSet<i64> =
             files.keys().chain(in_memory.iter()).copied().filter(|&d| d >= oldest && d * DAY_US <= now_us).collect();
-        for day in days {
+        // Newest first: today's and yesterday's hours are what people look at first (a
+        // fresh install's seeded history shows its dollars sooner).
+        for day in days.into_iter().rev() {
             let signature: Vec<(String, u64)> =
                 (day - 1..=day + 1).flat_map(|d| files.get(&d).cloned().unwrap_or_default()).collect();
             let memory = (day - 1..=day + 1).any(|d| in_memory.contains(&d));
