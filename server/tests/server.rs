@@ -71,6 +71,23 @@ fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T
     }
 }
 
+/// A free loopback port (bound, then released for a child process to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Kills and reaps child processes when dropped, so a failing test leaves none behind.
+struct KillOnDrop(Vec<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_micros() as i64
 }
@@ -553,7 +570,7 @@ fn psql_on_serve_needs_a_pg_user_and_is_read_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let log = dir.path().join("apron.log");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let port = free_port();
     let secret = dir.path().join("pg-grafana");
     std::fs::write(&secret, "grafana-pass-0123\n").expect("secret");
     let extra = format!(
@@ -1112,24 +1129,17 @@ fn apron_up_report_shows_the_fleets_idle_cost_equal_to_sql() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("apron-data");
     let log = dir.path().join("up.log");
-    let mut child = Command::new(APRON)
+    let child = Command::new(APRON)
         .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--backfill", "50m", "--data"])
         .arg(&data)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"))
         .spawn()
         .expect("apron up starts");
-    struct Kill<'a>(&'a mut Child);
-    impl Drop for Kill<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let endpoints: Value = poll("endpoints.json", Duration::from_secs(30), || {
         serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).ok()?).ok()
     });
-    let child = Kill(&mut child);
+    let child = KillOnDrop(vec![child]);
     let http: SocketAddr = endpoints["http"]
         .as_str()
         .and_then(|u| u.strip_prefix("http://"))
@@ -1328,22 +1338,13 @@ fn grafana_dashboard_queries_answer_on_apron_up() {
         .stderr(std::fs::File::create(dir.path().join("up.log")).expect("log"))
         .spawn()
         .expect("apron up starts");
-    struct Kill(Vec<Child>);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
     let endpoints: Value = poll("endpoints.json", Duration::from_secs(30), || {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("apron up exited with {status}");
         }
         serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).ok()?).ok()
     });
-    let mut procs = Kill(vec![child]);
+    let mut procs = KillOnDrop(vec![child]);
     let hostport = |key: &str| -> String {
         let u = endpoints[key].as_str().unwrap_or_else(|| panic!("{endpoints}"));
         let rest = u.split_once("://").map_or(u, |(_, r)| r);
@@ -1361,7 +1362,7 @@ fn grafana_dashboard_queries_answer_on_apron_up() {
         ),
     )
     .expect("config");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+    let port = free_port();
     let prom = Command::new(std::env::var("APRON_PROMETHEUS").unwrap_or_else(|_| "prometheus".into()))
         .arg(format!("--config.file={}", config.display()))
         .arg(format!("--storage.tsdb.path={}", dir.path().join("prom").display()))

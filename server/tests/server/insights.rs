@@ -298,20 +298,6 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     assert_eq!(e.list().len(), 4);
 }
 
-/// A free loopback port (bound, then released for the child to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The simulator's `notebook-idle-resume` notebook, backfilled; at a moment 40 minutes
 /// into an idle stretch the stranded alert fires and reaches a real Alertmanager (API
 /// v2) with its labels and dollars; once work resumes it resolves there.
@@ -322,7 +308,7 @@ async fn a_stranded_sim_notebook_reaches_a_real_alertmanager_and_resolves() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("am.yml");
     std::fs::write(&config, "route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n").expect("config");
-    let port = free_port();
+    let port = super::free_port();
     let child = std::process::Command::new(&bin)
         .arg(format!("--config.file={}", config.display()))
         .arg(format!("--storage.path={}", dir.path().join("am-data").display()))
@@ -334,7 +320,7 @@ async fn a_stranded_sim_notebook_reaches_a_real_alertmanager_and_resolves() {
         .unwrap_or_else(|e| {
             panic!("{bin} (Debian package prometheus-alertmanager; scripts/install-test-tools.sh installs it): {e}")
         });
-    let _am = Kill(child);
+    let _am = super::KillOnDrop(vec![child]);
     let am = format!("http://127.0.0.1:{port}");
     let ready = format!("{am}/-/ready");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

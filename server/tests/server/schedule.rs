@@ -47,7 +47,7 @@ struct SmtpServer {
 
 impl SmtpServer {
     fn start(dir: &Path, extra: &[&str]) -> SmtpServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let port = super::free_port();
         let maildir = dir.join("maildir");
         let log = std::fs::File::create(dir.join("smtpd.log")).expect("log");
         let child = Command::new("python3")
