@@ -8,9 +8,13 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use apron_common::tls::TlsConfig;
+use apron_common::webconfig::WebConfig;
 use apron_common::{ClusterName, HostName};
+use rustls_pki_types::CertificateDer;
 use serde::Deserialize;
 
 use crate::attribution::AttributionConfig;
@@ -29,6 +33,10 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid value for `{key}`: {value:?} — {expected}")]
     Invalid { key: String, value: String, expected: String },
+    /// A setting that names files (TLS, web config) whose content is unusable; the
+    /// message names the file and the problem.
+    #[error("{key}: {message}")]
+    Setting { key: String, message: String },
 }
 
 fn invalid(key: impl Into<String>, value: impl Into<String>, expected: impl Into<String>) -> ConfigError {
@@ -78,6 +86,10 @@ pub struct AgentSection {
     pub cluster: Option<String>,
     /// Append every closed window as a JSON line to this file (debugging, tests).
     pub windows_out: Option<PathBuf>,
+    /// A Prometheus exporter-toolkit web config (TLS, basic auth) for `/metrics`.
+    pub web_config_file: Option<PathBuf>,
+    /// TLS for `/metrics` without a web config (`[agent.tls]`).
+    pub tls: Option<TlsConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -130,6 +142,9 @@ pub struct ShipperSection {
     pub request_timeout: Option<String>,
     pub max_batch_rows: Option<i64>,
     pub max_backoff: Option<String>,
+    /// PEM CA certificate(s) to trust for an `https://` collector instead of the public
+    /// web PKI roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// A size in bytes: a TOML integer, or a string with a unit (`"512MiB"`, `"64 KiB"`,
@@ -184,6 +199,22 @@ pub struct ShipperConfig {
     pub request_timeout: Duration,
     pub max_batch_rows: usize,
     pub max_backoff: Duration,
+    /// The CA(s) an `https://` collector's certificate must chain to; `None`: the public
+    /// web PKI roots (Mozilla's, built in).
+    pub ca: Option<CollectorCa>,
+}
+
+/// `shipper.ca_file`, loaded.
+#[derive(Clone)]
+pub struct CollectorCa {
+    pub path: PathBuf,
+    pub certs: Arc<Vec<CertificateDer<'static>>>,
+}
+
+impl std::fmt::Debug for CollectorCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} certificates)", self.path.display(), self.certs.len())
+    }
 }
 
 impl std::fmt::Debug for ShipperConfig {
@@ -198,6 +229,7 @@ impl std::fmt::Debug for ShipperConfig {
             .field("request_timeout", &self.request_timeout)
             .field("max_batch_rows", &self.max_batch_rows)
             .field("max_backoff", &self.max_backoff)
+            .field("ca", &self.ca)
             .finish()
     }
 }
@@ -297,15 +329,26 @@ impl ShipperSection {
         }
 
         let Some(collector) = collector else { return Ok(None) };
-        // ureq is built without TLS for now (it will be a cargo feature); an https URL
-        // would fail on every request and fill the spool, so say so at start.
-        if !collector.starts_with("http://") {
-            return Err(invalid(
-                "agent.collector",
-                collector,
-                "an http:// URL (this build has no TLS support for https://)",
-            ));
-        }
+        let ca = match &self.ca_file {
+            None => None,
+            Some(_) if !collector.starts_with("https://") => {
+                return Err(invalid(
+                    "shipper.ca_file",
+                    self.ca_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    format!("only an https:// collector is checked against a CA; agent.collector is {collector}"),
+                ));
+            }
+            Some(path) => {
+                let setting = |e: apron_common::tls::TlsError| ConfigError::Setting {
+                    key: "shipper.ca_file".into(),
+                    message: e.to_string(),
+                };
+                let certs = apron_common::tls::load_certificates(path).map_err(setting)?;
+                // Each one must be usable as a trust anchor.
+                apron_common::tls::client_root_store(path).map_err(setting)?;
+                Some(CollectorCa { path: path.clone(), certs: Arc::new(certs) })
+            }
+        };
         let (token, key, shown) = if let Some(t) = token_override {
             (t, "APRON_COLLECTOR_TOKEN", "<from the environment>".to_owned())
         } else if let Some(path) = &self.token_file {
@@ -339,6 +382,7 @@ impl ShipperSection {
             request_timeout,
             max_batch_rows,
             max_backoff,
+            ca,
         }))
     }
 }
@@ -355,6 +399,55 @@ pub struct Overrides {
     pub windows_out: Option<PathBuf>,
     /// The ingest token (`APRON_COLLECTOR_TOKEN`); wins over the file's.
     pub collector_token: Option<String>,
+    /// `--web-config-file` / `APRON_WEB_CONFIG_FILE`; wins over `agent.web_config_file`.
+    pub web_config_file: Option<PathBuf>,
+}
+
+/// How `/metrics` and `/healthz` are served: plain HTTP by default; TLS from
+/// `[agent.tls]`, or TLS, basic auth and response headers from an exporter-toolkit web
+/// config.
+#[derive(Debug, Clone, Default)]
+pub struct HttpConfig {
+    /// TLS settings; `None`: plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The web config, where one is set (its TLS is in `tls` already).
+    pub web_config: Option<WebConfig>,
+}
+
+impl HttpConfig {
+    /// Validates the listener's settings, loading certificates and the web config now
+    /// so that a bad file stops the agent at start.
+    fn resolve(web_config_file: Option<PathBuf>, tls: Option<TlsConfig>) -> Result<HttpConfig, ConfigError> {
+        match (web_config_file, tls) {
+            (Some(path), Some(_)) => Err(invalid(
+                "agent.tls",
+                "[agent.tls]",
+                format!(
+                    "either [agent.tls] or a web config ({}), not both: put the TLS settings in the web config's tls_server_config",
+                    path.display()
+                ),
+            )),
+            (Some(path), None) => {
+                let web = WebConfig::load(&path).map_err(|e| ConfigError::Setting {
+                    key: "agent.web_config_file".into(),
+                    message: e.to_string(),
+                })?;
+                Ok(HttpConfig { tls: web.tls(), web_config: Some(web) })
+            }
+            (None, Some(tls)) => {
+                let server = tls
+                    .server_config()
+                    .map_err(|e| ConfigError::Setting { key: "[agent.tls]".into(), message: e.to_string() })?;
+                Ok(HttpConfig { tls: Some(server), web_config: None })
+            }
+            (None, None) => Ok(HttpConfig::default()),
+        }
+    }
+
+    /// `https` or `http`, for the URL the agent logs.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
 }
 
 /// Everything the agent runs on, validated.
@@ -364,6 +457,8 @@ pub struct AgentConfig {
     /// `None`: nvml-wrapper's default (`libnvidia-ml.so`, through the loader path).
     pub nvml_lib: Option<PathBuf>,
     pub listen: SocketAddr,
+    /// TLS and basic auth for `/metrics`.
+    pub http: HttpConfig,
     pub collector: Option<String>,
     pub window: Duration,
     pub hostname: HostName,
@@ -437,6 +532,7 @@ impl FileConfig {
             return Err(invalid("agent.collector", url, "an http:// or https:// URL"));
         }
         let shipper = self.shipper.resolve(collector.as_deref(), o.collector_token, hostname.as_str())?;
+        let http = HttpConfig::resolve(o.web_config_file.or(a.web_config_file), a.tls)?;
         let otlp = self.otlp.resolve()?;
 
         let mut disabled = Vec::new();
@@ -471,6 +567,7 @@ impl FileConfig {
             source,
             nvml_lib: o.nvml_lib.or(a.nvml_lib),
             listen,
+            http,
             collector,
             window,
             hostname,
@@ -605,9 +702,93 @@ mod tests {
         bad("max_backoff = \"2h\"\n", "shipper.max_backoff", "2h");
         let msg = shipper("[shipper]\ntokn = \"t\"\n").expect_err("unknown key").to_string();
         assert!(msg.contains("tokn"), "{msg}");
-        let msg =
-            resolve("[agent]\ncollector = \"https://c\"\n[shipper]\ntoken = \"t\"\n").expect_err("tls").to_string();
-        assert!(msg.contains("agent.collector") && msg.contains("TLS"), "{msg}");
+        let s = resolve("[agent]\ncollector = \"https://c:9402\"\n[shipper]\ntoken = \"t\"\n")
+            .expect("https is fine")
+            .shipper
+            .expect("shipper");
+        assert_eq!(s.collector, "https://c:9402");
+        assert!(s.ca.is_none(), "the web PKI roots by default");
+    }
+
+    /// A self-signed CA certificate as PEM.
+    fn ca_pem() -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).expect("cert").pem()
+    }
+
+    #[test]
+    fn shipper_ca_file_is_loaded_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, ca_pem()).expect("write");
+        let with = |url: &str, file: &Path| {
+            resolve(&format!(
+                "[agent]\ncollector = {url:?}\n[shipper]\ntoken = \"t\"\nca_file = {:?}\n",
+                file.display().to_string()
+            ))
+        };
+        let s = with("https://c", &ca).expect("valid").shipper.expect("shipper");
+        assert_eq!(s.ca.as_ref().map(|c| c.certs.len()), Some(1));
+        assert!(format!("{s:?}").contains("ca.crt (1 certificates)"));
+
+        let msg = with("http://c", &ca).expect_err("http").to_string();
+        assert!(msg.contains("shipper.ca_file") && msg.contains("https://"), "{msg}");
+        let msg = with("https://c", &dir.path().join("none.crt")).expect_err("missing").to_string();
+        assert!(msg.contains("shipper.ca_file") && msg.contains("none.crt") && msg.contains("cannot read"), "{msg}");
+        let junk = dir.path().join("junk.crt");
+        std::fs::write(&junk, "not a certificate\n").expect("write");
+        let msg = with("https://c", &junk).expect_err("junk").to_string();
+        assert!(msg.contains("junk.crt") && msg.contains("no certificate found"), "{msg}");
+    }
+
+    #[test]
+    fn listener_tls_from_the_table_or_a_web_config_not_both() {
+        let c = resolve("").expect("valid");
+        assert!(c.http.tls.is_none() && c.http.web_config.is_none(), "plain HTTP by default");
+        assert_eq!(c.http.scheme(), "http");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        std::fs::write(dir.path().join("server.crt"), cert.pem()).expect("write");
+        std::fs::write(dir.path().join("server.key"), key.serialize_pem()).expect("write");
+        let table = format!(
+            "[agent.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            dir.path().join("server.crt").display().to_string(),
+            dir.path().join("server.key").display().to_string()
+        );
+        let c = resolve(&table).expect("valid");
+        assert!(c.http.tls.is_some() && c.http.web_config.is_none());
+        assert_eq!(c.http.scheme(), "https");
+
+        let web = dir.path().join("web-config.yml");
+        std::fs::write(&web, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n").expect("write");
+        let web_line = format!("[agent]\nweb_config_file = {:?}\n", web.display().to_string());
+        let c = resolve(&web_line).expect("valid");
+        assert!(c.http.tls.is_some() && c.http.web_config.is_some());
+        // The flag wins over the file's key.
+        let c = FileConfig::parse("", Path::new("a.toml"))
+            .expect("parses")
+            .resolve(Overrides { web_config_file: Some(web.clone()), ..Default::default() }, "h")
+            .expect("valid");
+        assert!(c.http.web_config.is_some());
+
+        let msg = resolve(&format!("{web_line}{table}")).expect_err("both").to_string();
+        assert!(msg.contains("[agent.tls]") && msg.contains("not both"), "{msg}");
+        std::fs::write(&web, "tls_server_config:\n  cert_file: server.crt\n").expect("write");
+        let msg = resolve(&web_line).expect_err("no key").to_string();
+        assert!(msg.contains("agent.web_config_file") && msg.contains("missing key_file"), "{msg}");
+        let msg = resolve(&table.replace("server.key", "server.crt")).expect_err("cert as key").to_string();
+        assert!(msg.contains("[agent.tls]") && msg.contains("no private key found"), "{msg}");
+        let msg = resolve("[agent.tls]\ncert_file = \"a\"\nkey_file = \"b\"\nciphers = []\n")
+            .expect_err("unknown")
+            .to_string();
+        assert!(msg.contains("ciphers"), "{msg}");
     }
 
     #[test]

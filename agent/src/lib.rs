@@ -196,7 +196,7 @@ pub async fn run(
     let stop = Stop::default();
     let handles = runtime::start(samplers, aggregation, stop.clone()).map_err(AgentError::Thread)?;
 
-    let served = server::serve(listener, state, shutdown).await;
+    let served = server::serve(listener, state, &config.http, shutdown).await;
     stop.stop();
     // Samplers finish their current call (bounded by NVML's own latency) and exit.
     let joined = tokio::task::spawn_blocking(move || {

@@ -25,6 +25,10 @@ struct Args {
     /// Address for /metrics and /healthz (port 0 picks a free port).
     #[arg(long, env = "APRON_LISTEN")]
     listen: Option<String>,
+    /// Prometheus exporter-toolkit web config (TLS, basic auth) for /metrics, like
+    /// node_exporter's --web.config.file.
+    #[arg(long, env = "APRON_WEB_CONFIG_FILE", alias = "web.config.file")]
+    web_config_file: Option<PathBuf>,
     /// Collector URL to ship windows to.
     #[arg(long, env = "APRON_COLLECTOR")]
     collector: Option<String>,
@@ -96,6 +100,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         hostname: args.hostname,
         windows_out: args.windows_out,
         collector_token: args.collector_token,
+        web_config_file: args.web_config_file,
     };
     let mut config = file.resolve(overrides, &machine_hostname())?;
     // Inside a pod: the in-cluster API server and the node name from the downward API,
@@ -135,7 +140,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let addr = listener.local_addr()?;
-        tracing::info!("serving http://{addr}/metrics");
+        tracing::info!("serving {}://{addr}/metrics", config.http.scheme());
         // A line on stdout that scripts and tests can wait for.
         println!("listening on {addr}");
         apron_agent::run(config, source, listener, shutdown_signal()).await?;

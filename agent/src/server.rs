@@ -1,4 +1,8 @@
 //! The agent's HTTP surface: `GET /metrics` (OpenMetrics) and `GET /healthz`.
+//!
+//! Served through `apron_common::serve` (header-read timeout, graceful shutdown), over
+//! TLS when `[agent.tls]` or a web config asks for it; a web config's basic-auth users
+//! and response headers apply to every path (`docs/tls.md`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,6 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
+use apron_common::serve::ServeOptions;
+
+use crate::config::HttpConfig;
 use crate::exposition::{self, Format, SharedState};
 
 #[derive(Clone)]
@@ -21,11 +28,25 @@ struct App {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: SharedState,
+    http: &HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = App { registry: Arc::new(exposition::registry(state.clone())), state };
     let router = axum::Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).with_state(app);
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    let router = match &http.web_config {
+        Some(web) => {
+            for note in web.notes() {
+                tracing::info!(web_config = %web.path().display(), "{note}");
+            }
+            if let Some(auth) = web.basic_auth() {
+                tracing::info!(users = auth.users().len(), "basic authentication required for every path");
+            }
+            web.apply(router)
+        }
+        None => router,
+    };
+    let options = ServeOptions::default().with_tls(http.tls.clone());
+    apron_common::serve::serve(listener, router, options, shutdown).await
 }
 
 async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {

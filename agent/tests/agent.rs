@@ -8,6 +8,9 @@
 //!
 //! External tools (Prometheus, promtool) are required: a missing tool fails the test.
 
+#[path = "agent/fuzz_regressions.rs"]
+mod fuzz_regressions;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -15,6 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+#[path = "agent/tls.rs"]
+mod tls;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_apron-agent");
 

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  request ─► bearer token (constant time) ─► x-apron-* headers, Content-Type
-//!          ─► concurrency permit (429) ─► body, size-limited by DefaultBodyLimit (413)
+//!          ─► per-agent rate (429) ─► concurrency permit (429)
+//!          ─► body, size-limited by DefaultBodyLimit (413)
 //!          ─► spawn_blocking: Store::ingest (decode, dedup, WAL fsync, memtable)
 //!                              + newest sample time (clock skew) ─► 200 {"rows", "duplicate"}
 //!  every refusal is an [`ApiError`]: its status, code and Retry-After are decided in
@@ -68,6 +69,11 @@ pub struct IngestOptions {
     /// Ingest requests handled at once; more get 429. Bounds the memory held by bodies
     /// (`max_concurrent × max_body_bytes`) and the blocking threads waiting on the WAL.
     pub max_concurrent: usize,
+    /// Ingest requests one agent (`x-apron-agent`) may make per second, with bursts of
+    /// up to as many again; beyond, 429 with `Retry-After` (agents back off and retry,
+    /// so nothing is lost). `None`: no per-agent limit. A healthy agent sends one
+    /// request per table per flush interval, plus catch-up after an outage.
+    pub max_requests_per_agent: Option<std::num::NonZeroU32>,
 }
 
 impl Default for IngestOptions {
@@ -77,6 +83,7 @@ impl Default for IngestOptions {
             max_body_bytes: 64 << 20,
             clock_skew_threshold: Duration::from_secs(30),
             max_concurrent: 32,
+            max_requests_per_agent: std::num::NonZeroU32::new(50),
         }
     }
 }
@@ -88,6 +95,7 @@ impl std::fmt::Debug for IngestOptions {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("clock_skew_threshold", &self.clock_skew_threshold)
             .field("max_concurrent", &self.max_concurrent)
+            .field("max_requests_per_agent", &self.max_requests_per_agent)
             .finish()
     }
 }
@@ -125,7 +133,15 @@ struct Shared {
     metrics: IngestMetrics,
     registry: Registry,
     skew_log: Mutex<HashMap<(String, Direction), Instant>>,
+    per_agent: Option<AgentLimiter>,
+    per_agent_rate: u32,
 }
+
+/// The per-agent request rate (GCRA, keyed by agent id).
+type AgentLimiter = governor::DefaultKeyedRateLimiter<String>;
+
+/// Forget quiet agents' limiter state once this many are tracked (ids are free-form).
+const RATE_MAX_AGENTS: usize = 100_000;
 
 impl IngestState {
     /// Registers the ingest and storage metrics in `registry` (which may already hold
@@ -156,6 +172,12 @@ impl IngestState {
                 metrics,
                 registry,
                 skew_log: Mutex::new(HashMap::new()),
+                per_agent_rate: options.max_requests_per_agent.map_or(0, std::num::NonZeroU32::get),
+                per_agent: options.max_requests_per_agent.map(|n| {
+                    governor::RateLimiter::keyed(governor::Quota::per_second(n).allow_burst(
+                        n.saturating_mul(std::num::NonZeroU32::new(2).unwrap_or(std::num::NonZeroU32::MIN)),
+                    ))
+                }),
             }),
         })
     }
@@ -213,6 +235,10 @@ pub enum ApiError {
     BodyUnreadable(String),
     #[error("{0} ingest requests are in progress; retry shortly")]
     Overloaded(usize),
+    #[error(
+        "agent {agent} is over its rate of {per_second} ingest requests per second (ingest.max_requests_per_agent); retry in {retry_after_s} s"
+    )]
+    RateLimited { agent: String, per_second: u32, retry_after_s: u32 },
     #[error(transparent)]
     Ingest(#[from] IngestError),
     #[error("internal error: {0}")]
@@ -228,7 +254,7 @@ impl ApiError {
             | ApiError::UnknownTable(_)
             | ApiError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded(_) | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Ingest(e) => StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -244,6 +270,7 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::BodyUnreadable(_) => "body_unreadable",
             ApiError::Overloaded(_) => "overloaded",
+            ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Ingest(e) => e.code(),
             ApiError::Internal(_) => "internal",
         }
@@ -251,6 +278,9 @@ impl ApiError {
 
     /// Seconds for `Retry-After`: on 429 and 503, where a retry soon may succeed.
     fn retry_after(&self) -> Option<u32> {
+        if let ApiError::RateLimited { retry_after_s, .. } = self {
+            return Some(*retry_after_s);
+        }
         match self.status() {
             StatusCode::TOO_MANY_REQUESTS => Some(1),
             StatusCode::SERVICE_UNAVAILABLE => Some(match self {
@@ -321,6 +351,7 @@ async fn handle(state: &IngestState, request: Request, received: SystemTime) -> 
     let s = &state.inner;
     authorize(request.headers(), &s.tokens)?;
     let target = target(request.headers())?;
+    state.check_rate(&target.agent)?;
     // Before the body is read: the permit bounds the memory bodies take.
     let Ok(permit) = s.permits.clone().try_acquire_owned() else {
         return Err(ApiError::Overloaded(s.max_concurrent));
@@ -365,6 +396,23 @@ async fn handle(state: &IngestState, request: Request, received: SystemTime) -> 
 }
 
 impl IngestState {
+    /// Spends one of `agent`'s requests, or says how long it must wait.
+    fn check_rate(&self, agent: &str) -> Result<(), ApiError> {
+        let Some(limiter) = &self.inner.per_agent else { return Ok(()) };
+        if limiter.len() > RATE_MAX_AGENTS {
+            limiter.retain_recent();
+        }
+        let key = agent.to_owned();
+        limiter.check_key(&key).map_err(|not_until| {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            ApiError::RateLimited {
+                agent: key,
+                per_second: self.inner.per_agent_rate,
+                retry_after_s: u32::try_from(wait.as_secs()).unwrap_or(u32::MAX).max(1),
+            }
+        })
+    }
+
     /// Records the agent's clock offset as seen in this batch and flags it beyond the
     /// threshold.
     ///

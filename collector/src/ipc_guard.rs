@@ -7,8 +7,14 @@
 //! a client choose its allocations, so every message is checked first, without
 //! decompressing anything: metadata and body lengths must lie inside the request, the
 //! declared row count within the limit, and the declared decoded size within a budget.
+//!
+//! Arrow's schema conversion also panics on some malformed type descriptions (a `NONE`
+//! type, a type whose parameters are missing, an unknown width or unit, a list without
+//! its child): a schema message may only declare flat columns of the types the wire
+//! schemas use (found by fuzzing, `docs/fuzzing.md`); anything else is refused here,
+//! and a well-formed schema of the wrong shape still gets the decoder's schema error.
 
-use arrow_ipc::{MessageHeader, root_as_message};
+use arrow_ipc::{MessageHeader, Precision, TimeUnit, Type, root_as_message};
 
 const CONTINUATION: u32 = 0xFFFF_FFFF;
 /// A compressed buffer's prefix: the decompressed length, or -1 when stored raw.
@@ -57,6 +63,9 @@ pub fn check(body: &[u8], max_rows: u64, max_decoded_bytes: u64) -> Result<(), F
         let data = &body[at..at + body_len];
         at += body_len;
 
+        if let Some(schema) = message.header_as_schema() {
+            check_schema(schema).map_err(bad)?;
+        }
         let batch = match message.header_type() {
             MessageHeader::RecordBatch => message.header_as_record_batch(),
             MessageHeader::DictionaryBatch => message.header_as_dictionary_batch().and_then(|d| d.data()),
@@ -93,6 +102,33 @@ pub fn check(body: &[u8], max_rows: u64, max_decoded_bytes: u64) -> Result<(), F
             }
         }
     }
+}
+
+/// Only flat columns of the types the wire schemas are made of (Utf8, Boolean, signed
+/// or unsigned integers, floats, timestamps), with their parameters present and valid.
+fn check_schema(schema: arrow_ipc::Schema<'_>) -> Result<(), String> {
+    let fields = schema.fields().ok_or("the schema message has no field list")?;
+    for (i, f) in fields.iter().enumerate() {
+        let supported = f.dictionary().is_none()
+            && f.children().is_none_or(|c| c.is_empty())
+            && match f.type_type() {
+                Type::Utf8 => f.type_as_utf_8().is_some(),
+                Type::Bool => f.type_as_bool().is_some(),
+                Type::Int => f.type_as_int().is_some_and(|t| matches!(t.bitWidth(), 8 | 16 | 32 | 64)),
+                Type::FloatingPoint => f
+                    .type_as_floating_point()
+                    .is_some_and(|t| matches!(t.precision(), Precision::HALF | Precision::SINGLE | Precision::DOUBLE)),
+                Type::Timestamp => f.type_as_timestamp().is_some_and(|t| {
+                    matches!(t.unit(), TimeUnit::SECOND | TimeUnit::MILLISECOND | TimeUnit::MICROSECOND | TimeUnit::NANOSECOND)
+                }),
+                _ => false,
+            };
+        if !supported {
+            let name = f.name().unwrap_or_default();
+            return Err(format!("column {i} ({name:?}) declares a type no wire schema uses ({:?})", f.type_type()));
+        }
+    }
+    Ok(())
 }
 
 fn read_u32(b: &[u8], at: usize) -> Option<u32> {

@@ -1,6 +1,9 @@
 //! The store end to end through its public API: ingest → WAL → memtable → Parquet,
 //! restarts, crashes with torn WAL tails, duplicates, bad input and storage failures.
 
+#[path = "store/fuzz_regressions.rs"]
+mod fuzz_regressions;
+
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;

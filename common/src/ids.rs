@@ -98,6 +98,13 @@ string_id!(
     128
 );
 
+string_id!(
+    /// A team: the unit idle cost is charged to and the scope of a `team:<name>` role.
+    TeamName,
+    "team name",
+    128
+);
+
 /// A point in time: microseconds since the Unix epoch, UTC.
 ///
 /// Microseconds because that is both NVML's sample resolution and the contract's

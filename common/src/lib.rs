@@ -14,15 +14,25 @@
 //!
 //! - [`wire`] (feature `arrow`): the Arrow schemas of the shipped tables and the IPC
 //!   encoding agents send to `POST /api/v1/ingest`.
+//! - [`tls`], [`serve`], [`webconfig`] (feature `serve`): TLS settings (rustls on ring),
+//!   the HTTP accept loop every listener uses (TLS, header/body timeouts, connection
+//!   limit, graceful shutdown) and Prometheus exporter-toolkit `web-config.yml` (TLS and
+//!   bcrypt basic auth).
 //!
 //! This crate is deliberately dependency-light: the agent links it and must stay small.
 
 pub mod field;
 pub mod ids;
+#[cfg(feature = "serve")]
+pub mod serve;
+#[cfg(feature = "serve")]
+pub mod tls;
+#[cfg(feature = "serve")]
+pub mod webconfig;
 pub mod window;
 #[cfg(feature = "arrow")]
 pub mod wire;
 
 pub use field::{Aggregation, Field, FieldKind};
-pub use ids::{ClusterName, GpuUuid, HostName, UnixMicros, civil_from_days, days_from_civil, parse_date};
+pub use ids::{ClusterName, GpuUuid, HostName, TeamName, UnixMicros, civil_from_days, days_from_civil, parse_date};
 pub use window::{FieldStats, GpuHolder, GpuIdentity, GpuWindow, HolderKind, ProcessRow};

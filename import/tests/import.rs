@@ -1,6 +1,9 @@
 //! The importer end to end: bytes in the formats the tools write → `gpu_samples` rows,
 //! with expectations computed by hand.
 
+#[path = "import/fuzz_regressions.rs"]
+mod fuzz_regressions;
+
 use std::fmt::Write as _;
 use std::time::Duration;
 

@@ -27,6 +27,10 @@ pub struct QueryConfig {
     /// A result with more rows is refused ([`crate::QueryError::TooManyRows`]): the
     /// result is held in memory to be rendered, so this bounds it. 0 = no limit.
     pub max_result_rows: usize,
+    /// A result whose Arrow batches hold more bytes is refused
+    /// ([`crate::QueryError::ResultTooLarge`]); rows alone do not bound a result of wide
+    /// string columns. 0 = no limit.
+    pub max_result_bytes: u64,
     /// DataFusion's `target_partitions` (parallelism of one query); 0 = CPU count.
     pub target_partitions: usize,
 }
@@ -39,6 +43,7 @@ impl Default for QueryConfig {
             max_concurrent: 4,
             queue_timeout: Duration::from_secs(2),
             max_result_rows: 1_000_000,
+            max_result_bytes: 256 << 20,
             target_partitions: 0,
         }
     }

@@ -25,6 +25,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use std::collections::HashMap;
+
+use apron_common::TeamName;
+use datafusion::catalog::{
+    CatalogProvider, MemoryCatalogProvider, MemoryCatalogProviderList, MemorySchemaProvider, TableProvider,
+};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::{SessionContext, SessionState};
@@ -41,6 +47,7 @@ use crate::provider::ApronTable;
 use crate::readonly;
 use crate::render::QueryResult;
 use crate::rollup::{self, RollupTable};
+use crate::scope::{self, Scope};
 use crate::source::TableSource;
 use crate::tables::TABLES;
 
@@ -58,6 +65,11 @@ struct Inner {
     /// The session every query starts from: config, functions and the catalog with the
     /// registered tables (shared, never changed after `new`).
     base: SessionState,
+    /// Every registered table's real provider, for building scoped sessions.
+    providers: std::sync::Mutex<Vec<(&'static str, Arc<dyn TableProvider>)>>,
+    /// One session per team seen so far: `base` with a catalog of scoped views
+    /// ([`crate::scope`]) in place of the tables.
+    team_sessions: std::sync::Mutex<HashMap<TeamName, SessionState>>,
 }
 
 /// The query runtime; shut down without blocking, since the engine may be dropped
@@ -124,17 +136,20 @@ impl QueryEngine {
             .build();
         let ctx = SessionContext::new_with_state(state);
         let mut tables = Vec::new();
+        let mut providers: Vec<(&'static str, Arc<dyn TableProvider>)> = Vec::new();
         for def in TABLES {
             let Some(schema) = source.schema(def.name) else { continue };
-            if def.name == rollup::NAME {
+            let provider: Arc<dyn TableProvider> = if def.name == rollup::NAME {
                 // Stored minutes where current, the rest live from gpu_samples.
                 let Some(t) = RollupTable::new(source.clone(), rollup_state.clone()).map_err(df_err)? else {
                     continue;
                 };
-                ctx.register_table(def.name, Arc::new(t)).map_err(df_err)?;
+                Arc::new(t)
             } else {
-                ctx.register_table(def.name, Arc::new(ApronTable::new(def, schema, source.clone()))).map_err(df_err)?;
-            }
+                Arc::new(ApronTable::new(def, schema, source.clone()))
+            };
+            ctx.register_table(def.name, provider.clone()).map_err(df_err)?;
+            providers.push((def.name, provider));
             tables.push(def.name);
         }
         let threads = match config.target_partitions {
@@ -152,7 +167,12 @@ impl QueryEngine {
             .map_err(|e| QueryError::Internal { detail: format!("starting the query runtime: {e}") })?;
         let slots = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
         Ok(QueryEngine {
-            inner: Arc::new(Inner { base: ctx.state(), config }),
+            inner: Arc::new(Inner {
+                base: ctx.state(),
+                config,
+                providers: std::sync::Mutex::new(providers),
+                team_sessions: Default::default(),
+            }),
             slots,
             tables,
             runtime: ExecRuntime(Some(runtime)),
@@ -170,8 +190,10 @@ impl QueryEngine {
         // The catalog is shared by every state cloned from `base`, so registering through
         // a context over it is visible to every later query.
         let ctx = SessionContext::new_with_state(self.inner.base.clone());
-        ctx.register_table(name, provider)
+        ctx.register_table(name, provider.clone())
             .map_err(|e| QueryError::from_datafusion(e, self.inner.config.memory_limit_bytes))?;
+        self.inner.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((name, provider));
+        self.inner.team_sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
         self.tables.push(name);
         Ok(())
     }
@@ -193,7 +215,12 @@ impl QueryEngine {
     /// Runs one SQL statement (a query) under the configured limits. Call it from any
     /// tokio runtime; the work runs on the engine's own.
     pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, Some(self.inner.config.max_result_rows)).await
+        self.execute_as(sql, &Scope::All).await
+    }
+
+    /// [`QueryEngine::execute`] for a principal that may only read `scope`'s rows.
+    pub async fn execute_as(&self, sql: &str, scope: &Scope) -> Result<QueryResult, QueryError> {
+        self.execute_capped(sql, Some(self.inner.config.max_result_rows), scope).await
     }
 
     /// The `gpu_samples_1m` rows of `minutes`, computed from `gpu_samples` alone (never
@@ -201,17 +228,28 @@ impl QueryEngine {
     /// what the materializer stores. Runs under the engine's limits except the result
     /// row cap.
     pub async fn rollup(&self, minutes: rollup::Minutes) -> Result<QueryResult, QueryError> {
-        self.execute_capped(&rollup::rollup_sql(minutes), None).await
+        self.execute_capped(&rollup::rollup_sql(minutes), None, &Scope::All).await
     }
 
     /// Runs a query of the server's own (the cost ledger, the weekly report) under the
     /// engine's read-only checks, timeout and memory limit but without the result-row
     /// cap, which is there for clients.
     pub async fn execute_internal(&self, sql: &str) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, None).await
+        self.execute_internal_as(sql, &Scope::All).await
     }
 
-    async fn execute_capped(&self, sql: &str, max_rows: Option<usize>) -> Result<QueryResult, QueryError> {
+    /// [`QueryEngine::execute_internal`] over `scope`'s rows only (a team's weekly
+    /// report).
+    pub async fn execute_internal_as(&self, sql: &str, scope: &Scope) -> Result<QueryResult, QueryError> {
+        self.execute_capped(sql, None, scope).await
+    }
+
+    async fn execute_capped(
+        &self,
+        sql: &str,
+        max_rows: Option<usize>,
+        scope: &Scope,
+    ) -> Result<QueryResult, QueryError> {
         let config = &self.inner.config;
         let waiting = Instant::now();
         let permit = match tokio::time::timeout(config.queue_timeout, self.slots.clone().acquire_owned()).await {
@@ -230,10 +268,11 @@ impl QueryEngine {
         let started = Instant::now();
         let inner = self.inner.clone();
         let sql = sql.to_owned();
+        let scope = scope.clone();
         let mut task = runtime.spawn(async move {
             // The slot is held until the query has really stopped.
             let _permit = permit;
-            inner.run(&sql, max_rows).await
+            inner.run(&sql, max_rows, &scope).await
         });
         // Also cancels the query when the caller goes away (client disconnected).
         let _cancel = AbortOnDrop(task.abort_handle());
@@ -260,8 +299,40 @@ impl Drop for AbortOnDrop {
 }
 
 impl Inner {
-    /// A session for one query: the base session with its own memory pool.
-    fn query_state(&self) -> Result<SessionState, QueryError> {
+    /// The session `scope` starts from: `base`, or the team's scoped session (built on
+    /// first use and kept).
+    fn scope_base(&self, scope: &Scope) -> Result<SessionState, QueryError> {
+        let Scope::Team(team) = scope else { return Ok(self.base.clone()) };
+        let mut sessions = self.team_sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(s) = sessions.get(team) {
+            return Ok(s.clone());
+        }
+        let df_err = |e| QueryError::from_datafusion(e, self.config.memory_limit_bytes);
+        let options = self.base.config_options();
+        let schema = Arc::new(MemorySchemaProvider::new());
+        let providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let allocations = providers.iter().find(|(n, _)| *n == "allocations").map(|(_, p)| p.clone());
+        for (name, provider) in providers {
+            if let Some(p) = scope::scoped_provider(name, provider, allocations.as_ref(), team).map_err(df_err)? {
+                datafusion::catalog::SchemaProvider::register_table(schema.as_ref(), name.to_owned(), p)
+                    .map_err(df_err)?;
+            }
+        }
+        let catalog = Arc::new(MemoryCatalogProvider::new());
+        catalog.register_schema(&options.catalog.default_schema, schema).map_err(df_err)?;
+        let catalogs = Arc::new(MemoryCatalogProviderList::new());
+        datafusion::catalog::CatalogProviderList::register_catalog(
+            catalogs.as_ref(),
+            options.catalog.default_catalog.clone(),
+            catalog,
+        );
+        let state = SessionStateBuilder::new_from_existing(self.base.clone()).with_catalog_list(catalogs).build();
+        sessions.insert(team.clone(), state.clone());
+        Ok(state)
+    }
+
+    /// A session for one query: the scope's session with its own memory pool.
+    fn query_state(&self, scope: &Scope) -> Result<SessionState, QueryError> {
         let limit = usize::try_from(self.config.memory_limit_bytes).unwrap_or(usize::MAX);
         // Greedy: the query may use up to the limit however its operators share it.
         // Tracked: the error names the operators holding the most memory.
@@ -271,17 +342,18 @@ impl Inner {
             .with_memory_pool(Arc::new(pool))
             .build_arc()
             .map_err(|e| QueryError::from_datafusion(e, self.config.memory_limit_bytes))?;
-        let mut state = SessionStateBuilder::new_from_existing(self.base.clone()).with_runtime_env(runtime).build();
+        let mut state =
+            SessionStateBuilder::new_from_existing(self.scope_base(scope)?).with_runtime_env(runtime).build();
         // `now()` is the query's start, not the engine's (the base state was built once).
         let options = state.config_options().clone();
         state.execution_props_mut().mark_start_execution(options);
         Ok(state)
     }
 
-    async fn run(&self, sql: &str, max_rows: Option<usize>) -> Result<QueryResult, QueryError> {
+    async fn run(&self, sql: &str, max_rows: Option<usize>, scope: &Scope) -> Result<QueryResult, QueryError> {
         let lim = self.config.memory_limit_bytes;
         let df_err = |e| QueryError::from_datafusion(e, lim);
-        let state = self.query_state()?;
+        let state = self.query_state(scope)?;
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect).map_err(df_err)?;
         readonly::check_statement(&statement)?;
@@ -291,12 +363,18 @@ impl Inner {
         let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;
         let schema = stream.schema();
         let max = max_rows.unwrap_or(0);
-        let (mut batches, mut rows) = (Vec::new(), 0usize);
+        // Clients' results are capped in bytes too; the server's own queries are not.
+        let max_bytes = if max_rows.is_some() { self.config.max_result_bytes } else { 0 };
+        let (mut batches, mut rows, mut bytes) = (Vec::new(), 0usize, 0u64);
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(df_err)?;
             rows += batch.num_rows();
             if max > 0 && rows > max {
                 return Err(QueryError::TooManyRows { max });
+            }
+            bytes += batch.get_array_memory_size() as u64;
+            if max_bytes > 0 && bytes > max_bytes {
+                return Err(QueryError::ResultTooLarge { max_bytes });
             }
             if batch.num_rows() > 0 {
                 batches.push(batch);

@@ -3,7 +3,7 @@
 //! | error | status | why this status |
 //! | --- | --- | --- |
 //! | `Syntax`, `Plan`, `Invalid`, `ReadOnly` | 400 | the request itself is wrong; resending it fails the same way |
-//! | `TooManyRows` | 413 | the answer is too large to send; add LIMIT or aggregate |
+//! | `TooManyRows`, `ResultTooLarge` | 413 | the answer is too large to send; add LIMIT or aggregate |
 //! | `Timeout` | 504 | the server gave up waiting on the query engine (Druid answers 504 for query timeouts too); 408 would blame the client's upload |
 //! | `Busy` | 503 | every query slot is taken; retry later (server-wide, not per client, so not 429) |
 //! | `MemoryLimit` | 507 | the server cannot hold this query's working set; retrying as-is fails again (like the collector's 507 for a full disk) |
@@ -40,6 +40,8 @@ pub enum QueryError {
     Timeout { timeout: Duration },
     #[error("the result has more than {max} rows")]
     TooManyRows { max: usize },
+    #[error("the result is larger than the limit of {}", human_bytes(*.max_bytes))]
+    ResultTooLarge { max_bytes: u64 },
     #[error("server busy: all {max_concurrent} query slots are in use (waited {})", humantime::format_duration(*.waited))]
     Busy { max_concurrent: usize, waited: Duration },
     #[error("query exceeded the memory limit of {}", human_bytes(*.limit_bytes))]
@@ -59,7 +61,7 @@ impl QueryError {
             | QueryError::Plan { .. }
             | QueryError::Invalid { .. }
             | QueryError::ReadOnly { .. } => 400,
-            QueryError::TooManyRows { .. } => 413,
+            QueryError::TooManyRows { .. } | QueryError::ResultTooLarge { .. } => 413,
             QueryError::Timeout { .. } => 504,
             QueryError::Busy { .. } => 503,
             QueryError::MemoryLimit { .. } => 507,
@@ -76,6 +78,7 @@ impl QueryError {
             QueryError::ReadOnly { .. } => "read_only",
             QueryError::Timeout { .. } => "timeout",
             QueryError::TooManyRows { .. } => "too_many_rows",
+            QueryError::ResultTooLarge { .. } => "result_too_large",
             QueryError::Busy { .. } => "busy",
             QueryError::MemoryLimit { .. } => "memory_limit",
             QueryError::Source { .. } => "source_error",
@@ -100,6 +103,9 @@ impl QueryError {
             }
             QueryError::TooManyRows { .. } => {
                 "add a LIMIT or aggregate; the limit is query.max_result_rows".to_owned()
+            }
+            QueryError::ResultTooLarge { .. } => {
+                "select fewer columns, add a LIMIT or aggregate; the limit is query.max_result_bytes".to_owned()
             }
             QueryError::Busy { .. } => "retry shortly; the limit is query.max_concurrent".to_owned(),
             QueryError::MemoryLimit { detail, .. } => detail.clone(),

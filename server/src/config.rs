@@ -4,13 +4,28 @@
 //! ```toml
 //! [server]
 //! listen = "127.0.0.1:9402"          # loopback by default; port 0 picks a free port
+//! header_read_timeout = "10s"        # slow clients cannot hold connections
+//! body_read_timeout = "60s"
+//! max_connections = 4096
+//! [server.tls]                       # HTTPS (and the pg port's TLS unless [pg.tls])
+//! cert_file = "/etc/apron/tls/server.crt"
+//! key_file = "/etc/apron/tls/server.key"
+//!
+//! [[tokens]]                         # bearer tokens with roles (crate::access)
+//! role = "team:vision"               # agent | viewer | team:<name> | admin
+//! token_file = "/etc/apron/tokens/vision"   # or token = "…"
 //!
 //! [ingest]
-//! tokens = ["…"]                     # and/or
+//! tokens = ["…"]                     # role agent; and/or
 //! token_file = "/etc/apron/ingest-tokens"   # one token per line, '#' comments
 //! max_body_bytes = "64MiB"           # 413 beyond
 //! clock_skew_threshold = "30s"
 //! max_concurrent = 32                # 429 beyond
+//! max_requests_per_agent = 50        # per second, bursts of twice that; 0 = no limit
+//!
+//! [sql]
+//! tokens = ["…"]                     # role viewer
+//! max_body_bytes = "1MiB"            # the SQL text
 //!
 //! [storage]                          # apron_collector::StoreConfig
 //! data_dir = "/var/lib/apron"
@@ -34,8 +49,11 @@ use std::time::Duration;
 
 use apron_collector::StoreConfig;
 use apron_collector::http::IngestOptions;
+use apron_common::tls::TlsConfig;
 use apron_query::QueryConfig;
 use serde::Deserialize;
+
+use crate::access::{Credential, Role};
 
 pub use crate::derive::RollupConfig;
 
@@ -96,6 +114,18 @@ pub struct FileConfig {
     /// dcgm-exporter endpoints to scrape as a source (`[[scrape]]`, `crate::scrape`).
     #[serde(default)]
     pub scrape: Vec<crate::scrape::ScrapeTarget>,
+    /// Bearer tokens with roles (`[[tokens]]`, `crate::access`).
+    #[serde(default)]
+    pub tokens: Vec<TokenEntry>,
+}
+
+/// `[[tokens]]`: one bearer token (inline or, better, in a file) and its role.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub role: Role,
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
 }
 
 /// `[pg]`: where PostgreSQL clients connect and who they are. Without users the port is
@@ -107,6 +137,9 @@ pub struct PgSection {
     pub listen: Option<String>,
     #[serde(default)]
     pub users: Vec<PgUser>,
+    /// TLS for PostgreSQL clients (`sslmode=require`); without it, `[server.tls]`'s
+    /// certificate is used when the server has one.
+    pub tls: Option<TlsConfig>,
 }
 
 /// One PostgreSQL user: a password inline or (better) in a file.
@@ -116,6 +149,8 @@ pub struct PgUser {
     pub name: String,
     pub password: Option<String>,
     pub password_file: Option<PathBuf>,
+    /// `viewer` (the default), `team:<name>` or `admin`; `agent` cannot query.
+    pub role: Option<Role>,
 }
 
 /// Who may run SQL (`POST /api/v1/sql`). Without a token the endpoint refuses every
@@ -125,12 +160,22 @@ pub struct PgUser {
 pub struct SqlSection {
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// Largest SQL text accepted (413 beyond); default 1 MiB.
+    pub max_body_bytes: Option<ByteSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     pub listen: Option<String>,
+    /// HTTPS for every route.
+    pub tls: Option<TlsConfig>,
+    /// A client must send its request headers within this (default 10s).
+    pub header_read_timeout: Option<String>,
+    /// … and its body within this (default 60s).
+    pub body_read_timeout: Option<String>,
+    /// Open connections at once; more are closed at accept (default 4096).
+    pub max_connections: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,6 +187,7 @@ pub struct IngestSection {
     pub max_body_bytes: Option<ByteSize>,
     pub clock_skew_threshold: Option<String>,
     pub max_concurrent: Option<i64>,
+    pub max_requests_per_agent: Option<i64>,
 }
 
 /// A size: a TOML integer (bytes) or a string with a unit (`"64MiB"`, `"1GB"`).
@@ -165,8 +211,36 @@ pub struct Overrides {
     pub pg_listen: Option<String>,
 }
 
-/// The PostgreSQL listener's address and `(user, password)` pairs.
-pub type PgListen = (SocketAddr, Vec<(String, String)>);
+/// The PostgreSQL listener: address, users and TLS.
+#[derive(Debug, Clone)]
+pub struct PgListen {
+    pub addr: SocketAddr,
+    pub users: Vec<crate::pg::PgUser>,
+    pub tls: Option<TlsConfig>,
+}
+
+/// The HTTP listener's transport settings.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    pub tls: Option<TlsConfig>,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+    /// Largest SQL text (`POST /api/v1/sql`).
+    pub max_sql_bytes: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            tls: None,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
+            max_connections: 4096,
+            max_sql_bytes: 1 << 20,
+        }
+    }
+}
 
 /// Everything `apron serve` runs on, validated.
 #[derive(Debug, Clone)]
@@ -175,14 +249,15 @@ pub struct ServeConfig {
     pub store: StoreConfig,
     pub ingest: IngestOptions,
     pub query: QueryConfig,
-    /// Accepted SQL bearer tokens; empty: SQL is refused.
-    pub sql_tokens: Vec<String>,
+    /// Every bearer token with its role (ingest tokens are also in `ingest.tokens`).
+    pub credentials: Vec<Credential>,
+    pub http: HttpOptions,
     pub rollup: RollupConfig,
     pub cost: crate::ledger::CostConfig,
     pub report: crate::schedule::ReportConfig,
     pub alerts: crate::alerts::AlertsConfig,
     pub recommend: crate::recommend::RecommendSettings,
-    /// Address and `(user, password)` pairs; `None`: not listening.
+    /// `None`: not listening.
     pub pg: Option<PgListen>,
     pub scrape: Vec<crate::scrape::ScrapeTarget>,
 }
@@ -205,63 +280,75 @@ impl FileConfig {
     /// Applies overrides and validates; reads `ingest.token_file`. The accepted tokens
     /// are all of `ingest.tokens`, the file's and the override's (several at once let
     /// an operator rotate them without downtime).
-    pub fn resolve(self, o: Overrides) -> Result<ServeConfig, ConfigError> {
-        let listen_text = o.listen.or(self.server.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+    pub fn resolve(mut self, o: Overrides) -> Result<ServeConfig, ConfigError> {
+        let listen_text = o.listen.or(self.server.listen.take()).unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen: SocketAddr = listen_text.parse().map_err(|_| {
             invalid("server.listen", &listen_text, "an address such as 127.0.0.1:9402 (port 0 picks a free port)")
         })?;
 
         let i = self.ingest;
-        let mut tokens = Vec::new();
+        // Every credential with its role; the ingest route accepts those that may ingest.
+        let mut credentials: Vec<Credential> = Vec::new();
+        let mut add = |key: String, token: String, role: Role| -> Result<(), ConfigError> {
+            let token = check_token(key.clone(), token)?;
+            if let Some(other) = credentials.iter().find(|c| *c.token == *token.as_bytes()) {
+                if other.role != role {
+                    return Err(invalid(
+                        key,
+                        "<hidden>",
+                        format!("a token not already listed with role {}", other.role),
+                    ));
+                }
+                return Ok(());
+            }
+            credentials.push(Credential { token: token.into_bytes().into(), role });
+            Ok(())
+        };
         for (n, t) in i.tokens.into_iter().enumerate() {
-            tokens.push(check_token(format!("ingest.tokens[{n}]"), t)?);
+            add(format!("ingest.tokens[{n}]"), t, Role::Agent)?;
         }
         if let Some(path) = &i.token_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                invalid("ingest.token_file", path.display().to_string(), format!("a readable file of tokens ({e})"))
-            })?;
-            for (n, line) in text.lines().enumerate() {
-                let line = line.trim();
-                if line.is_empty() || line.starts_with('#') {
-                    continue;
-                }
-                tokens.push(check_token(format!("ingest.token_file {} line {}", path.display(), n + 1), line.into())?);
+            for (key, t) in read_token_file("ingest.token_file", path)? {
+                add(key, t, Role::Agent)?;
             }
         }
         if let Some(t) = o.ingest_token {
-            tokens.push(check_token("APRON_INGEST_TOKEN".into(), t)?);
+            add("APRON_INGEST_TOKEN".into(), t, Role::Agent)?;
         }
+        for (n, t) in self.sql.tokens.into_iter().enumerate() {
+            add(format!("sql.tokens[{n}]"), t, Role::Viewer)?;
+        }
+        if let Some(t) = o.sql_token {
+            add("APRON_SQL_TOKEN".into(), t, Role::Viewer)?;
+        }
+        for (n, e) in self.tokens.into_iter().enumerate() {
+            let key = format!("tokens[{n}]");
+            match (e.token, &e.token_file) {
+                (Some(t), None) => add(key, t, e.role)?,
+                (None, Some(path)) => {
+                    for (key, t) in read_token_file(&format!("{key}.token_file"), path)? {
+                        add(key, t, e.role.clone())?;
+                    }
+                }
+                _ => return Err(invalid(key, e.role.to_string(), "exactly one of token or token_file")),
+            }
+        }
+        let tokens: Vec<String> = credentials
+            .iter()
+            .filter(|c| c.role.may_ingest())
+            .map(|c| String::from_utf8_lossy(&c.token).into_owned())
+            .collect();
         if tokens.is_empty() {
             return Err(ConfigError::NoToken);
         }
-        for t in &tokens {
-            if t.len() < 16 {
-                tracing::warn!(
-                    "an ingest token is shorter than 16 characters; use a long random one (openssl rand -hex 32)"
-                );
-                break;
-            }
+        if credentials.iter().any(|c| c.token.len() < 16) {
+            tracing::warn!("a token is shorter than 16 characters; use a long random one (openssl rand -hex 32)");
         }
 
         let defaults = IngestOptions::default();
         let max_body_bytes = match &i.max_body_bytes {
             None => defaults.max_body_bytes,
-            Some(v) => {
-                let (n, text) = match v {
-                    ByteSize::Bytes(n) => (u64::try_from(*n).ok(), n.to_string()),
-                    ByteSize::Text(t) => (apron_agent::config::parse_bytes(t), t.clone()),
-                };
-                match n.filter(|n| (MAX_BODY_MIN..=MAX_BODY_MAX).contains(n)).and_then(|n| usize::try_from(n).ok()) {
-                    Some(n) => n,
-                    None => {
-                        return Err(invalid(
-                            "ingest.max_body_bytes",
-                            text,
-                            "a size between 1KiB and 4GiB: a number of bytes or a string such as \"64MiB\"",
-                        ));
-                    }
-                }
-            }
+            Some(v) => parse_size("ingest.max_body_bytes", v)?,
         };
         let clock_skew_threshold = match i.clock_skew_threshold {
             None => defaults.clock_skew_threshold,
@@ -285,29 +372,100 @@ impl FileConfig {
         if let Some(dir) = o.data_dir {
             store.data_dir = dir;
         }
-        let mut sql_tokens = Vec::new();
-        for (n, t) in self.sql.tokens.into_iter().enumerate() {
-            sql_tokens.push(check_token(format!("sql.tokens[{n}]"), t)?);
-        }
-        if let Some(t) = o.sql_token {
-            sql_tokens.push(check_token("APRON_SQL_TOKEN".into(), t)?);
-        }
+        let max_requests_per_agent = match i.max_requests_per_agent {
+            None => defaults.max_requests_per_agent,
+            Some(n) if (0..=1_000_000).contains(&n) => u32::try_from(n).ok().and_then(std::num::NonZeroU32::new),
+            Some(n) => {
+                return Err(invalid(
+                    "ingest.max_requests_per_agent",
+                    n.to_string(),
+                    "between 0 (no limit) and 1000000",
+                ));
+            }
+        };
+        let http = resolve_http(self.server, self.sql.max_body_bytes)?;
         self.report.validate()?;
         Ok(ServeConfig {
             listen,
             store,
-            ingest: IngestOptions { tokens, max_body_bytes, clock_skew_threshold, max_concurrent },
+            ingest: IngestOptions {
+                tokens,
+                max_body_bytes,
+                clock_skew_threshold,
+                max_concurrent,
+                max_requests_per_agent,
+            },
             query: self.query,
-            sql_tokens,
+            credentials,
+            pg: resolve_pg(self.pg, o.pg_listen, http.tls.as_ref())?,
+            http,
             rollup: self.rollup,
             cost: self.cost,
             report: self.report,
             alerts: self.alerts,
             recommend: self.recommend,
-            pg: resolve_pg(self.pg, o.pg_listen)?,
             scrape: self.scrape,
         })
     }
+}
+
+/// A size between 1 KiB and 4 GiB.
+fn parse_size(key: &str, v: &ByteSize) -> Result<usize, ConfigError> {
+    let (n, text) = match v {
+        ByteSize::Bytes(n) => (u64::try_from(*n).ok(), n.to_string()),
+        ByteSize::Text(t) => (apron_agent::config::parse_bytes(t), t.clone()),
+    };
+    n.filter(|n| (MAX_BODY_MIN..=MAX_BODY_MAX).contains(n)).and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
+        invalid(key, text, "a size between 1KiB and 4GiB: a number of bytes or a string such as \"64MiB\"")
+    })
+}
+
+/// A duration between 100 ms and 1 h.
+fn parse_timeout(key: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d =
+        humantime::parse_duration(text).map_err(|e| invalid(key, text, format!("a duration such as \"10s\" ({e})")))?;
+    if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&d) {
+        return Err(invalid(key, text, "between 100ms and 1h"));
+    }
+    Ok(d)
+}
+
+/// The tokens of a token file: one per line, blank lines and `#` comments skipped.
+fn read_token_file(key: &str, path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid(key, path.display().to_string(), format!("a readable file of tokens ({e})")))?;
+    Ok(text
+        .lines()
+        .enumerate()
+        .map(|(n, l)| (n, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .map(|(n, l)| (format!("{key} {} line {}", path.display(), n + 1), l.to_owned()))
+        .collect())
+}
+
+/// `[server]`'s transport settings and `[sql] max_body_bytes`.
+fn resolve_http(server: ServerSection, max_sql: Option<ByteSize>) -> Result<HttpOptions, ConfigError> {
+    let d = HttpOptions::default();
+    Ok(HttpOptions {
+        tls: server.tls,
+        header_read_timeout: match server.header_read_timeout {
+            Some(t) => parse_timeout("server.header_read_timeout", &t)?,
+            None => d.header_read_timeout,
+        },
+        body_read_timeout: match server.body_read_timeout {
+            Some(t) => parse_timeout("server.body_read_timeout", &t)?,
+            None => d.body_read_timeout,
+        },
+        max_connections: match server.max_connections {
+            None => d.max_connections,
+            Some(n) if (1..=1_000_000).contains(&n) => usize::try_from(n).unwrap_or(d.max_connections),
+            Some(n) => return Err(invalid("server.max_connections", n.to_string(), "between 1 and 1000000")),
+        },
+        max_sql_bytes: match &max_sql {
+            Some(v) => parse_size("sql.max_body_bytes", v)?,
+            None => d.max_sql_bytes,
+        },
+    })
 }
 
 /// A token must be sendable in a header unchanged. The error never shows the token.
@@ -320,7 +478,11 @@ fn check_token(key: String, token: String) -> Result<String, ConfigError> {
 }
 
 /// `[pg]` → the listener's address and users (passwords read from their files).
-fn resolve_pg(pg: PgSection, listen: Option<String>) -> Result<Option<PgListen>, ConfigError> {
+fn resolve_pg(
+    pg: PgSection,
+    listen: Option<String>,
+    server_tls: Option<&TlsConfig>,
+) -> Result<Option<PgListen>, ConfigError> {
     let mut users = Vec::new();
     for (n, u) in pg.users.into_iter().enumerate() {
         let key = format!("pg.users[{n}]");
@@ -347,7 +509,15 @@ fn resolve_pg(pg: PgSection, listen: Option<String>) -> Result<Option<PgListen>,
         if password.len() < 8 {
             return Err(invalid(&key, &u.name, "a password of at least 8 characters"));
         }
-        users.push((u.name, password));
+        let role = u.role.unwrap_or(Role::Viewer);
+        if role.read_scope().is_none() {
+            return Err(invalid(
+                format!("{key}.role"),
+                role.to_string(),
+                "viewer, team:<name> or admin (agents cannot query)",
+            ));
+        }
+        users.push(crate::pg::PgUser { name: u.name, password, role });
     }
     let listen = listen.or(pg.listen);
     if users.is_empty() {
@@ -359,7 +529,7 @@ fn resolve_pg(pg: PgSection, listen: Option<String>) -> Result<Option<PgListen>,
     let text = listen.unwrap_or_else(|| "127.0.0.1:5433".to_owned());
     let addr: SocketAddr =
         text.parse().map_err(|_| invalid("pg.listen", &text, "an address such as 127.0.0.1:5433"))?;
-    Ok(Some((addr, users)))
+    Ok(Some(PgListen { addr, users, tls: pg.tls.or_else(|| server_tls.cloned()) }))
 }
 
 #[cfg(test)]
@@ -406,6 +576,54 @@ mod tests {
         assert_eq!(c.store.data_dir, PathBuf::from("/elsewhere"), "the override wins");
         assert_eq!(c.store.persist_interval, Duration::from_secs(60));
         assert_eq!(c.listen.port(), 0);
+    }
+
+    #[test]
+    fn tokens_carry_roles_and_limits_parse() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("vision");
+        std::fs::write(
+            &file,
+            "# team vision's Grafana
+vision-token-0123456789
+",
+        )
+        .expect("write");
+        let text = format!(
+            "[ingest]\ntokens = [\"agent-token-0123456789\"]\nmax_requests_per_agent = 0\n\
+             [sql]\ntokens = [\"viewer-token-0123456789\"]\nmax_body_bytes = \"4KiB\"\n\
+             [[tokens]]\nrole = \"team:vision\"\ntoken_file = {:?}\n\
+             [[tokens]]\nrole = \"admin\"\ntoken = \"admin-token-0123456789\"\n\
+             [server]\nheader_read_timeout = \"2s\"\nmax_connections = 10\n\
+             [pg]\nusers = [{{ name = \"v\", password = \"password-1\", role = \"team:vision\" }}, {{ name = \"f\", password = \"password-2\" }}]\n",
+            file.display().to_string()
+        );
+        let c = resolve(&text, Overrides::default()).expect("valid");
+        let roles: Vec<String> = c.credentials.iter().map(|c| c.role.to_string()).collect();
+        assert_eq!(roles, ["agent", "viewer", "team:vision", "admin"]);
+        assert_eq!(c.ingest.tokens, ["agent-token-0123456789", "admin-token-0123456789"], "agent and admin ingest");
+        assert_eq!(c.ingest.max_requests_per_agent, None, "0 turns the rate limit off");
+        assert_eq!((c.http.max_sql_bytes, c.http.max_connections), (4096, 10));
+        assert_eq!(c.http.header_read_timeout, Duration::from_secs(2));
+        let pg = c.pg.expect("pg");
+        assert_eq!(pg.users[0].role.to_string(), "team:vision");
+        assert_eq!(pg.users[1].role.to_string(), "viewer", "the default role");
+
+        let tok = "[ingest]\ntokens = [\"agent-token-0123456789\"]\n";
+        let err = |extra: &str| resolve(&format!("{tok}{extra}"), Overrides::default()).expect_err(extra).to_string();
+        assert!(err("[[tokens]]\nrole = \"root\"\ntoken = \"x-0123456789abcdef\"\n").contains("role"));
+        assert!(err("[[tokens]]\nrole = \"viewer\"\n").contains("exactly one of token or token_file"));
+        let e = err("[[tokens]]\nrole = \"viewer\"\ntoken = \"agent-token-0123456789\"\n");
+        assert!(e.contains("already listed with role agent") && !e.contains("agent-token-0123456789"), "{e}");
+        assert!(
+            err("[pg]\nusers = [{ name = \"a\", password = \"password-1\", role = \"agent\" }]\n")
+                .contains("agents cannot query")
+        );
+        assert!(err("[server]\nheader_read_timeout = \"forever\"\n").contains("server.header_read_timeout"));
+        assert!(err("max_requests_per_agent = -1\n").contains("ingest.max_requests_per_agent"));
+        // A team or viewer token alone cannot ingest: the server still needs an agent token.
+        let e = resolve("[[tokens]]\nrole = \"viewer\"\ntoken = \"viewer-token-0123456789\"\n", Overrides::default());
+        assert!(matches!(e, Err(ConfigError::NoToken)), "{e:?}");
     }
 
     #[test]

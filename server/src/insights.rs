@@ -1,5 +1,6 @@
 //! `GET /api/v1/alerts` and `GET /api/v1/recommendations`: the evaluators' answers over
-//! HTTP, behind the same token as the SQL API.
+//! HTTP, behind the same tokens as the SQL API; a `team:<name>` token sees its team's
+//! items only.
 
 use std::sync::Arc;
 
@@ -16,14 +17,14 @@ use crate::recommend::Recommender;
 struct InsightState {
     alerts: Option<Arc<Alerts>>,
     recommender: Option<Arc<Recommender>>,
-    auth: crate::SqlAuth,
+    auth: crate::access::Access,
 }
 
 /// The routes, merged into the server's app.
 pub fn router(
     alerts: Option<Arc<Alerts>>,
     recommender: Option<Arc<Recommender>>,
-    auth: crate::SqlAuth,
+    auth: crate::access::Access,
 ) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/alerts", get(list_alerts))
@@ -37,9 +38,10 @@ struct AlertQuery {
 }
 
 async fn list_alerts(State(s): State<InsightState>, headers: HeaderMap, Query(q): Query<AlertQuery>) -> Response {
-    if let Err(detail) = crate::sql::authorize(&headers, &s.auth) {
-        return json_error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
-    }
+    let scope = match s.auth.read_scope(&headers) {
+        Ok(scope) => scope,
+        Err(answer) => return *answer,
+    };
     let Some(alerts) = s.alerts else {
         return json_error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -59,8 +61,12 @@ async fn list_alerts(State(s): State<InsightState>, headers: HeaderMap, Query(q)
             );
         }
     };
-    let list: Vec<serde_json::Value> =
-        alerts.list().iter().filter(|a| want.is_none_or(|w| a.state == w)).map(api_alert).collect();
+    let list: Vec<serde_json::Value> = alerts
+        .list()
+        .iter()
+        .filter(|a| want.is_none_or(|w| a.state == w) && crate::access::visible(&scope, &a.team))
+        .map(api_alert)
+        .collect();
     axum::Json(serde_json::json!({ "alerts": list })).into_response()
 }
 
@@ -74,9 +80,10 @@ async fn recommendations(
     headers: HeaderMap,
     Query(q): Query<RecommendQuery>,
 ) -> Response {
-    if let Err(detail) = crate::sql::authorize(&headers, &s.auth) {
-        return json_error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
-    }
+    let scope = match s.auth.read_scope(&headers) {
+        Ok(scope) => scope,
+        Err(answer) => return *answer,
+    };
     let Some(rec) = s.recommender else {
         return json_error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -101,7 +108,10 @@ async fn recommendations(
         },
     };
     match rec.compute(window, apron_common::UnixMicros::now().0).await {
-        Ok(set) => axum::Json(set).into_response(),
+        Ok(mut set) => {
+            set.retain(|r| crate::access::visible(&scope, &r.team));
+            axum::Json(set).into_response()
+        }
         Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "recommendations_failed", &e),
     }
 }

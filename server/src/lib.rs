@@ -23,6 +23,7 @@
 //!
 //! The library reads no environment variables; `main.rs` does (clap), and prints.
 
+pub mod access;
 pub mod alerts;
 pub mod backfill;
 pub mod config;
@@ -55,7 +56,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use prometheus_client::registry::Registry;
 
-pub use sql::SqlAuth;
+pub use access::{Access, Role};
 
 pub use config::{ConfigError, FileConfig, Overrides, ServeConfig};
 
@@ -92,6 +93,8 @@ pub enum ServerError {
     Query(String),
     #[error("the cost ledger: {0}")]
     Cost(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
@@ -137,7 +140,7 @@ pub struct Server {
     ledger: Option<Arc<ledger::Ledger>>,
     cost_metrics: ledger::CostMetrics,
     reports: Router,
-    sql_auth: SqlAuth,
+    access: Access,
     report: schedule::ReportConfig,
     schedule: Option<Arc<schedule::Schedule>>,
     alerts_table: Arc<apron_query::SnapshotTable>,
@@ -146,8 +149,10 @@ pub struct Server {
     alerts: Option<Arc<alerts::Alerts>>,
     recommender: Option<Arc<recommend::Recommender>>,
     insights: Router,
-    pg: Option<(tokio::net::TcpListener, pg::PgAuth)>,
+    pg: Option<(tokio::net::TcpListener, pg::PgAuth, Option<Arc<rustls::ServerConfig>>)>,
     scrapers: Vec<scrape::Scraper>,
+    http: config::HttpOptions,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -164,7 +169,7 @@ impl Server {
         store: StoreConfig,
         ingest: IngestOptions,
         query: QueryConfig,
-        sql_auth: SqlAuth,
+        access: Access,
     ) -> Result<Server, ServerError> {
         let store = Arc::new(Store::open(store).map_err(ServerError::Store)?);
         let r = store.open_report();
@@ -196,13 +201,13 @@ impl Server {
             .register_table("recommendations", recommendations_table.clone())
             .map_err(|e| ServerError::Query(e.to_string()))?;
         let engine = Arc::new(engine);
-        let sql = sql::router(engine.clone(), sql_auth.clone());
+        let sql = sql::router(engine.clone(), access.clone(), config::HttpOptions::default().max_sql_bytes);
         let report = schedule::ReportConfig::default();
         let reports = report::router(
             engine.clone(),
             None,
             store.data_dir().to_path_buf(),
-            sql_auth.clone(),
+            access.clone(),
             report.share_unallocated,
         );
         Ok(Server {
@@ -214,7 +219,9 @@ impl Server {
             ledger: None,
             cost_metrics,
             reports,
-            sql_auth: sql_auth.clone(),
+            access: access.clone(),
+            http: config::HttpOptions::default(),
+            tls: None,
             report,
             schedule: None,
             alerts_table,
@@ -222,7 +229,7 @@ impl Server {
             alert_metrics,
             alerts: None,
             recommender: None,
-            insights: insights::router(None, None, sql_auth.clone()),
+            insights: insights::router(None, None, access.clone()),
             pg: None,
             scrapers: Vec::new(),
         })
@@ -265,7 +272,7 @@ impl Server {
             }
             _ => None,
         };
-        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.sql_auth.clone());
+        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.access.clone());
         self
     }
 
@@ -284,14 +291,33 @@ impl Server {
             }
             _ => None,
         };
-        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.sql_auth.clone());
+        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.access.clone());
         self
     }
 
-    /// Serves the PostgreSQL wire protocol on `listener` too (same engine, same checks).
-    pub fn with_pg(mut self, listener: tokio::net::TcpListener, auth: pg::PgAuth) -> Server {
-        self.pg = Some((listener, auth));
+    /// Serves the PostgreSQL wire protocol on `listener` too (same engine, same checks),
+    /// over TLS when `tls` is given.
+    pub fn with_pg(
+        mut self,
+        listener: tokio::net::TcpListener,
+        auth: pg::PgAuth,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Server {
+        self.pg = Some((listener, auth, tls));
         self
+    }
+
+    /// The HTTP listener's TLS, timeouts and limits (default: plain HTTP, 10 s to send
+    /// the headers, 60 s the body, 4096 connections, 1 MiB of SQL). The certificate and
+    /// key are loaded here, so a bad one stops the start.
+    pub fn with_http(mut self, http: config::HttpOptions) -> Result<Server, ServerError> {
+        self.tls = match &http.tls {
+            Some(t) => Some(t.server_config().map_err(|e| ServerError::Tls(format!("[server.tls]: {e}")))?),
+            None => None,
+        };
+        self.sql = sql::router(self.engine.clone(), self.access.clone(), http.max_sql_bytes);
+        self.http = http;
+        Ok(self)
     }
 
     /// Scrapes these dcgm-exporter endpoints as a source (`[[scrape]]`).
@@ -323,7 +349,7 @@ impl Server {
             self.engine.clone(),
             self.ledger.clone(),
             self.store.data_dir().to_path_buf(),
-            self.sql_auth.clone(),
+            self.access.clone(),
             self.report.share_unallocated,
         )
     }
@@ -353,6 +379,20 @@ impl Server {
     }
 
     /// The cost ledger, when turned on ([`Server::with_cost`]).
+    /// Every HTTP route of this server, as `run` serves them (tests serve it without
+    /// the background work).
+    pub fn router(&self) -> Router {
+        app(
+            self.ingest.clone(),
+            self.sql
+                .clone()
+                .merge(self.reports.clone())
+                .merge(self.insights.clone())
+                .merge(otlp_in::router(otlp_in::OtlpState::new(self.ingest.clone(), self.engine.clone())))
+                .merge(ui::router()),
+        )
+    }
+
     pub fn ledger(&self) -> Option<&Arc<ledger::Ledger>> {
         self.ledger.as_ref()
     }
@@ -381,7 +421,18 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
-        tracing::info!("serving http://{addr} (POST /api/v1/ingest, POST /api/v1/sql, GET /metrics, GET /healthz)");
+        let options = apron_common::serve::ServeOptions {
+            tls: self.tls.clone(),
+            header_read_timeout: self.http.header_read_timeout,
+            body_read_timeout: Some(self.http.body_read_timeout),
+            max_connections: Some(self.http.max_connections),
+            drain_timeout: DRAIN_TIMEOUT,
+            ..Default::default()
+        };
+        tracing::info!(
+            "serving {}://{addr} (POST /api/v1/ingest, POST /api/v1/sql, GET /metrics, GET /healthz)",
+            options.scheme()
+        );
         let materializer = self.rollup.enabled.then(|| {
             tracing::info!(interval = ?self.rollup.interval, "gpu_samples_1m materializer started");
             AbortOnDrop(tokio::spawn(Arc::new(self.materializer()).run(self.rollup.interval)))
@@ -398,11 +449,11 @@ impl Server {
             tracing::info!(window = ?r.settings().window, "recommendations started");
             AbortOnDrop(tokio::spawn(r.run()))
         });
-        let pg = self.pg.take().map(|(listener, auth)| {
+        let pg = self.pg.take().map(|(listener, auth, tls)| {
             if let Ok(a) = listener.local_addr() {
-                tracing::info!(%a, ?auth, "serving the PostgreSQL wire protocol");
+                tracing::info!(%a, ?auth, tls = tls.is_some(), "serving the PostgreSQL wire protocol");
             }
-            AbortOnDrop(tokio::spawn(pg::serve(listener, self.engine.clone(), auth)))
+            AbortOnDrop(tokio::spawn(pg::serve(listener, self.engine.clone(), auth, tls)))
         });
         let scrapers: Vec<AbortOnDrop> =
             std::mem::take(&mut self.scrapers).into_iter().map(|s| AbortOnDrop(tokio::spawn(s.run()))).collect();
@@ -411,22 +462,12 @@ impl Server {
             AbortOnDrop(tokio::spawn(s.run()))
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let router = app(
-            self.ingest.clone(),
-            self.sql
-                .clone()
-                .merge(self.reports.clone())
-                .merge(self.insights.clone())
-                .merge(otlp_in::router(otlp_in::OtlpState::new(self.ingest.clone(), self.engine.clone())))
-                .merge(ui::router()),
-        );
-        let mut serving = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let router = self.router();
+        // Slow clients are cut off by the header and body read timeouts; the accept
+        // loop drains requests in flight for up to DRAIN_TIMEOUT at shutdown.
+        let mut serving = tokio::spawn(apron_common::serve::serve(listener, router, options, async move {
+            let _ = stopped.await;
+        }));
 
         let failed = tokio::select! {
             r = &mut serving => Some(r),
@@ -437,7 +478,7 @@ impl Server {
             None => {
                 tracing::info!("shutting down: no new connections; finishing the requests in flight");
                 let _ = stop.send(());
-                match tokio::time::timeout(DRAIN_TIMEOUT, &mut serving).await {
+                match tokio::time::timeout(DRAIN_TIMEOUT + Duration::from_secs(2), &mut serving).await {
                     Ok(r) => {
                         r.map_err(|e| ServerError::Task(e.to_string())).and_then(|r| r.map_err(ServerError::Serve))
                     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use apron::up::{DEFAULT_DATA_DIR, DEFAULT_HTTP, Up, UpOptions};
-use apron::{FileConfig, Overrides, Server, SqlAuth};
+use apron::{Access, FileConfig, Overrides, Server};
 use apron_agent::config::SourceKind;
 use clap::Parser;
 
@@ -214,21 +214,21 @@ fn run(args: Args) -> anyhow::Result<()> {
                     (config.store, config.ingest, config.query, config.rollup, config.cost);
                 let (report, alerts, recommend, scrape) = (config.report, config.alerts, config.recommend, config.scrape);
                 let pg = match config.pg {
-                    Some((addr, users)) => {
-                        let l = tokio::net::TcpListener::bind(addr)
+                    Some(p) => {
+                        let l = tokio::net::TcpListener::bind(p.addr)
                             .await
-                            .with_context(|| format!("cannot listen on {addr} for PostgreSQL clients"))?;
-                        Some((l, apron::pg::PgAuth::Password(users.into())))
+                            .with_context(|| format!("cannot listen on {} for PostgreSQL clients", p.addr))?;
+                        let tls = p.tls.as_ref().map(|t| t.server_config()).transpose().context("[pg.tls]")?;
+                        Some((l, apron::pg::PgAuth::Password(p.users.into()), tls))
                     }
                     None => None,
                 };
-                let pg_addr = pg.as_ref().and_then(|(l, _)| l.local_addr().ok());
-                let tokens: Vec<Box<[u8]>> =
-                    config.sql_tokens.iter().map(|t| t.as_bytes().to_vec().into_boxed_slice()).collect();
-                if tokens.is_empty() {
-                    tracing::warn!("no SQL token configured ([sql] tokens or APRON_SQL_TOKEN): POST /api/v1/sql refuses every request");
+                let pg_addr = pg.as_ref().and_then(|(l, _, _)| l.local_addr().ok());
+                if !config.credentials.iter().any(|c| c.role.read_scope().is_some()) {
+                    tracing::warn!("no token may read ([[tokens]] with role viewer, team:<name> or admin; [sql] tokens; APRON_SQL_TOKEN): SQL, alerts, recommendations and reports refuse every request");
                 }
-                let auth = SqlAuth::Tokens(tokens.into());
+                let auth = Access::Tokens(config.credentials.into());
+                let http = config.http;
                 let server = tokio::task::spawn_blocking(move || Server::open(store, ingest, query, auth))
                     .await??
                     .with_rollup(rollup)
@@ -236,9 +236,10 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .with_report(report)
                     .with_alerts(alerts)
                     .with_recommend(recommend)
-                    .with_scrape(scrape)?;
+                    .with_scrape(scrape)?
+                    .with_http(http)?;
                 let server = match pg {
-                    Some((l, auth)) => server.with_pg(l, auth),
+                    Some((l, auth, tls)) => server.with_pg(l, auth, tls),
                     None => server,
                 };
                 if let Some(a) = pg_addr {

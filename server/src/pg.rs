@@ -3,9 +3,11 @@
 //!
 //! ```text
 //!  TCP accept ─► pgwire (startup, simple-query protocol)
+//!    TLS: SSLRequest answered with rustls when [pg.tls] or [server.tls] is set
 //!    startup: `trust` (apron up: user `apron` only, loopback) or `password` (apron serve:
-//!             [pg] users, cleartext password — put TLS in front until the listener has its own)
-//!    Query "SELECT …" ─► QueryEngine::execute (same plan checks, timeout, memory and
+//!             [[pg.users]], cleartext password inside TLS; each user has a role)
+//!    Query "SELECT …" ─► QueryEngine::execute_as(the user's scope: a team:<name> user
+//!             reads that team's rows only; same plan checks, timeout, memory and
 //!             row limits as HTTP) ─► arrow-pg: Arrow batches → text rows with pg types
 //!    Query "SET …" / "BEGIN" / "COMMIT" / "ROLLBACK" / "DISCARD ALL": acknowledged, no
 //!             effect (clients send them on connect; nothing here is transactional)
@@ -20,7 +22,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use apron_query::{QueryEngine, QueryError};
+use apron_query::{QueryEngine, QueryError, Scope};
 use async_trait::async_trait;
 use futures::{Sink, stream};
 use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
@@ -35,31 +37,47 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 
+use crate::access::Role;
+
 /// The user `apron up` accepts without a password.
 pub const UP_USER: &str = "apron";
 
-/// How clients authenticate.
+/// One PostgreSQL user. `Debug` never shows the password.
 #[derive(Clone)]
+pub struct PgUser {
+    pub name: String,
+    pub password: String,
+    pub role: Role,
+}
+
+impl std::fmt::Debug for PgUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgUser").field("name", &self.name).field("role", &self.role).finish_non_exhaustive()
+    }
+}
+
+/// How clients authenticate.
+#[derive(Clone, Debug)]
 pub enum PgAuth {
     /// `apron up`: single user on loopback, no password; any other user is refused.
     Trust { user: String },
-    /// `apron serve`: `[pg] users` (name → password).
-    Password(Arc<[(String, String)]>),
+    /// `apron serve`: `[[pg.users]]`.
+    Password(Arc<[PgUser]>),
 }
 
-impl std::fmt::Debug for PgAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl PgAuth {
+    /// The rows `user` (already authenticated) may read.
+    fn scope(&self, user: Option<&str>) -> Option<Scope> {
         match self {
-            PgAuth::Trust { user } => f.debug_struct("Trust").field("user", user).finish(),
-            PgAuth::Password(users) => {
-                f.debug_tuple("Password").field(&users.iter().map(|(u, _)| u.as_str()).collect::<Vec<_>>()).finish()
-            }
+            PgAuth::Trust { user: trusted } => (user == Some(trusted.as_str())).then_some(Scope::All),
+            PgAuth::Password(users) => users.iter().find(|u| Some(u.name.as_str()) == user)?.role.read_scope(),
         }
     }
 }
 
 struct Queries {
     engine: Arc<QueryEngine>,
+    auth: PgAuth,
 }
 
 /// Maps a query error to the SQLSTATE a PostgreSQL client understands.
@@ -71,7 +89,7 @@ fn pg_error(e: &QueryError) -> PgWireError {
         QueryError::Invalid { .. } => "22000",
         QueryError::Timeout { .. } => "57014",
         QueryError::MemoryLimit { .. } => "53200",
-        QueryError::TooManyRows { .. } => "54000",
+        QueryError::TooManyRows { .. } | QueryError::ResultTooLarge { .. } => "54000",
         QueryError::Busy { .. } => "53300",
         _ => "XX000",
     };
@@ -110,7 +128,7 @@ fn session_noop(query: &str) -> Option<&'static str> {
 
 #[async_trait]
 impl SimpleQueryHandler for Queries {
-    async fn do_query<C>(&self, _client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
@@ -122,7 +140,16 @@ impl SimpleQueryHandler for Queries {
         if let Some(tag) = session_noop(query) {
             return Ok(vec![Response::Execution(Tag::new(tag))]);
         }
-        let result = self.engine.execute(query).await.map_err(|e| pg_error(&e))?;
+        // The startup handler authenticated this user; the scope follows its role.
+        let user = client.metadata().get(pgwire::api::METADATA_USER).cloned();
+        let Some(scope) = self.auth.scope(user.as_deref()) else {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".to_owned(),
+                "42501".to_owned(),
+                format!("user {:?} may not query", user.unwrap_or_default()),
+            ))));
+        };
+        let result = self.engine.execute_as(query, &scope).await.map_err(|e| pg_error(&e))?;
         let fields =
             Arc::new(arrow_pg::datatypes::arrow_schema_to_pg_fields(&result.schema, &Format::UnifiedText, None)?);
         let rows: Vec<_> = result
@@ -166,13 +193,13 @@ impl NoopStartupHandler for Trust {
 /// `[pg] users` as a pgwire password source. An unknown user gets a password no client
 /// can send, so the answer is the same "password authentication failed".
 #[derive(Debug)]
-struct Users(Arc<[(String, String)]>);
+struct Users(Arc<[PgUser]>);
 
 #[async_trait]
 impl AuthSource for Users {
     async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
         let user = login.user().unwrap_or("");
-        let pass = self.0.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_bytes().to_vec());
+        let pass = self.0.iter().find(|u| u.name == user).map(|u| u.password.as_bytes().to_vec());
         Ok(Password::new(None, pass.unwrap_or_else(|| vec![0u8; 64])))
     }
 }
@@ -180,6 +207,9 @@ impl AuthSource for Users {
 struct Handlers {
     queries: Arc<Queries>,
     auth: PgAuth,
+    /// With TLS configured, a client that did not ask for it is refused before it
+    /// sends a password in the clear.
+    require_tls: bool,
 }
 
 impl PgWireServerHandlers for Handlers {
@@ -188,21 +218,26 @@ impl PgWireServerHandlers for Handlers {
     }
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        Arc::new(Startup::from(&self.auth))
+        Arc::new(Startup { mode: StartupMode::from(&self.auth), require_tls: self.require_tls })
     }
 }
 
 /// One startup handler type for both modes (pgwire wants a single `impl` type).
-enum Startup {
+struct Startup {
+    mode: StartupMode,
+    require_tls: bool,
+}
+
+enum StartupMode {
     Trust(Trust),
     Password(Box<CleartextPasswordAuthStartupHandler<Users, DefaultServerParameterProvider>>),
 }
 
-impl From<&PgAuth> for Startup {
-    fn from(a: &PgAuth) -> Startup {
+impl From<&PgAuth> for StartupMode {
+    fn from(a: &PgAuth) -> StartupMode {
         match a {
-            PgAuth::Trust { user } => Startup::Trust(Trust { user: user.clone() }),
-            PgAuth::Password(users) => Startup::Password(Box::new(CleartextPasswordAuthStartupHandler::new(
+            PgAuth::Trust { user } => StartupMode::Trust(Trust { user: user.clone() }),
+            PgAuth::Password(users) => StartupMode::Password(Box::new(CleartextPasswordAuthStartupHandler::new(
                 Users(users.clone()),
                 DefaultServerParameterProvider::default(),
             ))),
@@ -218,16 +253,31 @@ impl StartupHandler for Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        match self {
-            Startup::Trust(t) => t.on_startup(client, message).await,
-            Startup::Password(p) => p.on_startup(client, message).await,
+        if self.require_tls && !client.is_secure() {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "FATAL".to_owned(),
+                "28000".to_owned(),
+                "this server requires TLS: connect with sslmode=require (or verify-full with its CA)".to_owned(),
+            ))));
+        }
+        match &self.mode {
+            StartupMode::Trust(t) => t.on_startup(client, message).await,
+            StartupMode::Password(p) => p.on_startup(client, message).await,
         }
     }
 }
 
-/// Serves the PostgreSQL protocol on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, engine: Arc<QueryEngine>, auth: PgAuth) {
-    let handlers = Arc::new(Handlers { queries: Arc::new(Queries { engine }), auth });
+/// Serves the PostgreSQL protocol on `listener` until the task is dropped; with `tls`,
+/// clients that ask for SSL get it (`sslmode=require`).
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<QueryEngine>,
+    auth: PgAuth,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let require_tls = tls.is_some();
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    let handlers = Arc::new(Handlers { queries: Arc::new(Queries { engine, auth: auth.clone() }), auth, require_tls });
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -237,9 +287,9 @@ pub async fn serve(listener: TcpListener, engine: Arc<QueryEngine>, auth: PgAuth
                 continue;
             }
         };
-        let handlers = handlers.clone();
+        let (handlers, tls) = (handlers.clone(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+            if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
                 tracing::debug!(%peer, error = %e, "pg: connection ended with an error");
             }
         });

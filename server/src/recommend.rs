@@ -268,11 +268,7 @@ impl Recommender {
             r.evidence.insert("sql".into(), serde_json::Value::String(self.evidence_sql(&pairs, from_us, to_us)));
         }
         items.sort_by(|a, b| b.monthly_savings.cmp(&a.monthly_savings).then(a.id.cmp(&b.id)));
-        let mut totals: BTreeMap<&'static str, apron_cost::Cents> = BTreeMap::new();
-        for r in &items {
-            let e = totals.entry(r.savings_kind).or_insert(apron_cost::Cents::ZERO);
-            *e = *e + r.monthly_savings_usd;
-        }
+        let totals = savings_totals(&items);
         let now = UnixMicros::now().0;
         Ok(RecommendationSet {
             window: humantime::format_duration(window).to_string(),
@@ -402,6 +398,24 @@ impl Recommender {
                 Err(e) => tracing::warn!(error = %e, "recommendations: refresh failed; retried next interval"),
             }
         }
+    }
+}
+
+/// Monthly savings summed by savings kind.
+fn savings_totals(items: &[Recommendation]) -> BTreeMap<&'static str, apron_cost::Cents> {
+    let mut totals: BTreeMap<&'static str, apron_cost::Cents> = BTreeMap::new();
+    for r in items {
+        let e = totals.entry(r.savings_kind).or_insert(apron_cost::Cents::ZERO);
+        *e = *e + r.monthly_savings_usd;
+    }
+    totals
+}
+
+impl RecommendationSet {
+    /// Keeps the items `keep` accepts (a team's own), totals recomputed from them.
+    pub fn retain(&mut self, keep: impl Fn(&Recommendation) -> bool) {
+        self.recommendations.retain(|r| keep(r));
+        self.monthly_savings_usd = savings_totals(&self.recommendations);
     }
 }
 

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use apron_cost::report::ShareUnallocated;
 use apron_cost::{HourlyRow, IsoWeek, Micros, PriceBook, ReportInput, StrandedFact, WeeklyReport};
-use apron_query::QueryEngine;
+use apron_query::{QueryEngine, Scope};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Decimal128Type, Int64Type, TimestampMicrosecondType};
 
@@ -65,7 +65,7 @@ fn dec(b: &RecordBatch, i: usize, r: usize) -> Option<i64> {
 
 /// The week's `gpu_cost_hourly` rows. Seconds are Decimal(18, 6): the unscaled integer
 /// is microseconds; money likewise is micro-dollars.
-async fn hourly_rows(engine: &QueryEngine, week: IsoWeek) -> Result<Vec<HourlyRow>, String> {
+async fn hourly_rows(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Result<Vec<HourlyRow>, String> {
     let sql = format!(
         "SELECT hour, gpu_uuid, team, active_s, allocated_idle_s, stranded_s, unallocated_idle_s, \
          unallocated_busy_s, unknown_s, underused_s, cost_usd, idle_cost_usd, stranded_cost_usd \
@@ -73,7 +73,7 @@ async fn hourly_rows(engine: &QueryEngine, week: IsoWeek) -> Result<Vec<HourlyRo
         ts(week.start_us()),
         ts(week.end_us())
     );
-    let result = engine.execute_internal(&sql).await.map_err(|e| e.to_string())?;
+    let result = engine.execute_internal_as(&sql, scope).await.map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     for b in &result.batches {
         let hour = b.column(0).as_primitive::<TimestampMicrosecondType>();
@@ -101,7 +101,7 @@ async fn hourly_rows(engine: &QueryEngine, week: IsoWeek) -> Result<Vec<HourlyRo
 }
 
 /// Stranded time and dollars per allocation owner in the week.
-async fn stranded_facts(engine: &QueryEngine, week: IsoWeek) -> Result<Vec<StrandedFact>, String> {
+async fn stranded_facts(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Result<Vec<StrandedFact>, String> {
     let (from, to) = (ts(week.start_us()), ts(week.end_us()));
     let sql = format!(
         "WITH per_gpu AS ( \
@@ -115,7 +115,7 @@ async fn stranded_facts(engine: &QueryEngine, week: IsoWeek) -> Result<Vec<Stran
                 CAST(sum(usd) * 1000000 AS BIGINT) AS micros \
          FROM per_gpu GROUP BY owner, team ORDER BY micros DESC, owner"
     );
-    let result = engine.execute_internal(&sql).await.map_err(|e| e.to_string())?;
+    let result = engine.execute_internal_as(&sql, scope).await.map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for b in &result.batches {
         let (owner, team) = (b.column(0).as_string::<i32>(), b.column(1).as_string::<i32>());
@@ -134,19 +134,21 @@ async fn stranded_facts(engine: &QueryEngine, week: IsoWeek) -> Result<Vec<Stran
     Ok(out)
 }
 
-/// Builds the report of `week` (and of the week before, for the changes).
+/// Builds the report of `week` (and of the week before, for the changes) from the rows
+/// `scope` may read: the fleet's, or one team's (its report then covers that team only).
 pub async fn build(
     engine: &QueryEngine,
     book: Option<&PriceBook>,
     week: IsoWeek,
     share: ShareUnallocated,
     now_us: i64,
+    scope: &Scope,
 ) -> Result<WeeklyReport, String> {
     let version = book.map_or("none (no price book configured)", |b| b.version());
     let prices = book.map(|b| b.table()).unwrap_or_default();
     let prev_week = week.previous();
-    let prev_rows = hourly_rows(engine, prev_week).await?;
-    let prev_stranded = stranded_facts(engine, prev_week).await?;
+    let prev_rows = hourly_rows(engine, prev_week, scope).await?;
+    let prev_stranded = stranded_facts(engine, prev_week, scope).await?;
     let previous = WeeklyReport::build(&ReportInput {
         week: prev_week,
         rows: &prev_rows,
@@ -158,8 +160,8 @@ pub async fn build(
         previous: None,
     })
     .map_err(|e| e.to_string())?;
-    let rows = hourly_rows(engine, week).await?;
-    let stranded = stranded_facts(engine, week).await?;
+    let rows = hourly_rows(engine, week, scope).await?;
+    let stranded = stranded_facts(engine, week, scope).await?;
     WeeklyReport::build(&ReportInput {
         week,
         rows: &rows,
@@ -307,7 +309,7 @@ pub async fn produce(
     if !recompute && let Some(files) = load_stored(data_dir, week, format) {
         return Ok((files, Vec::new()));
     }
-    let fresh = build(engine, book, week, share, now_us).await?;
+    let fresh = build(engine, book, week, share, now_us, &Scope::All).await?;
     let mut changed = Vec::new();
     if recompute && let Ok(old) = std::fs::read_to_string(stored_dir(data_dir, week).join("report.json")) {
         changed = changes(&old, &fresh)?;
@@ -323,7 +325,7 @@ struct ReportState {
     engine: std::sync::Arc<QueryEngine>,
     ledger: Option<std::sync::Arc<crate::ledger::Ledger>>,
     data_dir: PathBuf,
-    auth: crate::SqlAuth,
+    auth: crate::access::Access,
     share: ShareUnallocated,
 }
 
@@ -342,7 +344,7 @@ pub fn router(
     engine: std::sync::Arc<QueryEngine>,
     ledger: Option<std::sync::Arc<crate::ledger::Ledger>>,
     data_dir: PathBuf,
-    auth: crate::SqlAuth,
+    auth: crate::access::Access,
     share: ShareUnallocated,
 ) -> axum::Router {
     axum::Router::new().route("/api/v1/reports/weekly", axum::routing::get(weekly)).with_state(ReportState {
@@ -362,9 +364,10 @@ async fn weekly(
     use apron_collector::http::json_error;
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
-    if let Err(detail) = crate::sql::authorize(&headers, &state.auth) {
-        return json_error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
-    }
+    let scope = match state.auth.read_scope(&headers) {
+        Ok(scope) => scope,
+        Err(answer) => return *answer,
+    };
     let now = apron_common::UnixMicros::now().0;
     let week = match q.week.as_deref() {
         Some(w) => match IsoWeek::parse(w) {
@@ -385,8 +388,19 @@ async fn weekly(
         }
     };
     let book = state.ledger.as_ref().and_then(|l| l.price_book());
-    let files = match produce(&state.engine, book, &state.data_dir, week, format, false, state.share, now).await {
-        Ok((files, _)) => files,
+    let produced = match &scope {
+        Scope::All => produce(&state.engine, book, &state.data_dir, week, format, false, state.share, now)
+            .await
+            .map(|(files, _)| files),
+        // A team's report is built from its rows each time and never stored: the stored
+        // report of a finished week is the fleet's.
+        Scope::Team(_) => match build(&state.engine, book, week, state.share, now, &scope).await {
+            Ok(report) => render(&report, format),
+            Err(e) => Err(e),
+        },
+    };
+    let files = match produced {
+        Ok(files) => files,
         Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "report_failed", &e),
     };
     let body = if format == ReportFormat::Csv {

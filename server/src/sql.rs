@@ -2,13 +2,16 @@
 //!
 //! The body is the SQL text; `Accept` picks the format (JSON by default, CSV, Arrow IPC
 //! stream, Parquet; 406 when nothing acceptable is listed). The query layer
-//! (`apron-query`) enforces read-only on the plan and the limits; this module only
+//! (`apron-query`) enforces read-only, the caller's row scope (a `team:<name>` token
+//! reads its team's rows only) and the limits on the plan; this module only
 //! authenticates, negotiates and maps `QueryError` to its status in the contract's
 //! `{"error", "detail"}` shape.
 
 use std::sync::Arc;
 
-use apron_collector::http::{constant_time_eq, json_error};
+use apron_collector::http::json_error;
+
+use crate::access::Access;
 use apron_query::{Format, QueryEngine, QueryError};
 use axum::Router;
 use axum::body::Bytes;
@@ -17,50 +20,39 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
-/// Who may run SQL.
-#[derive(Clone, Debug)]
-pub enum SqlAuth {
-    /// `apron up`: single user on loopback, no token.
-    Loopback,
-    /// `apron serve`: a bearer token from `[sql] tokens`. With none configured every
-    /// request is refused: secure by default.
-    Tokens(Arc<[Box<[u8]>]>),
-}
-
 #[derive(Clone)]
 struct SqlState {
     engine: Arc<QueryEngine>,
-    auth: SqlAuth,
+    access: Access,
 }
 
 /// The SQL routes, merged into the server's app.
-pub fn router(engine: Arc<QueryEngine>, auth: SqlAuth) -> Router {
-    Router::new().route("/api/v1/sql", post(sql)).with_state(SqlState { engine, auth })
+pub fn router(engine: Arc<QueryEngine>, access: Access, max_sql_bytes: usize) -> Router {
+    Router::new()
+        .route("/api/v1/sql", post(sql).layer(axum::extract::DefaultBodyLimit::max(max_sql_bytes)))
+        .with_state(SqlState { engine, access })
 }
 
-/// `Err` carries why, for the 401's detail.
-pub(crate) fn authorize(headers: &HeaderMap, auth: &SqlAuth) -> Result<(), &'static str> {
-    let SqlAuth::Tokens(tokens) = auth else { return Ok(()) };
-    if tokens.is_empty() {
-        return Err("no SQL token is configured on this server: set [sql] tokens or APRON_SQL_TOKEN");
-    }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .ok_or("send Authorization: Bearer <SQL token>")?;
-    let mut matched = false;
-    for t in tokens.iter() {
-        matched |= constant_time_eq(presented, t);
-    }
-    if matched { Ok(()) } else { Err("the SQL token is not valid") }
-}
-
-async fn sql(State(state): State<SqlState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(detail) = authorize(&headers, &state.auth) {
-        let mut r = json_error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
-        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
-    }
+async fn sql(
+    State(state): State<SqlState>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let scope = match state.access.read_scope(&headers) {
+        Ok(scope) => scope,
+        Err(answer) => return *answer,
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the SQL text is larger than the server's limit (sql.max_body_bytes)",
+            );
+        }
+        Err(rejection) => return json_error(StatusCode::BAD_REQUEST, "invalid_body", &rejection.body_text()),
+    };
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let Some(format) = Format::from_accept(accept) else {
         return json_error(
@@ -75,7 +67,7 @@ async fn sql(State(state): State<SqlState>, headers: HeaderMap, body: Bytes) -> 
     if text.trim().is_empty() {
         return json_error(StatusCode::BAD_REQUEST, "empty_query", "the body is empty: send the SQL text");
     }
-    match state.engine.execute(text).await {
+    match state.engine.execute_as(text, &scope).await {
         Ok(result) => {
             // Rendering a large Parquet result is CPU work: keep it off the I/O threads.
             let rendered = tokio::task::spawn_blocking(move || result.render(format)).await;

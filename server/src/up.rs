@@ -125,7 +125,7 @@ impl Up {
         let store_config = StoreConfig { data_dir: data_dir.clone(), ..StoreConfig::default() };
         let ingest = IngestOptions { tokens: vec![token.clone()], ..IngestOptions::default() };
         let server = tokio::task::spawn_blocking(move || {
-            Server::open(store_config, ingest, apron_query::QueryConfig::default(), crate::SqlAuth::Loopback)
+            Server::open(store_config, ingest, apron_query::QueryConfig::default(), crate::Access::Loopback)
         })
         .await
         .map_err(|e| ServerError::Task(e.to_string()))??;
@@ -155,7 +155,7 @@ impl Up {
             .with_cost(cost)?
             .with_alerts(crate::alerts::AlertsConfig::default())
             .with_recommend(crate::recommend::RecommendSettings::default())
-            .with_pg(pg_listener, crate::pg::PgAuth::Trust { user: crate::pg::UP_USER.to_owned() });
+            .with_pg(pg_listener, crate::pg::PgAuth::Trust { user: crate::pg::UP_USER.to_owned() }, None);
 
         let http = format!("http://{addr}");
         let endpoints = Endpoints {

@@ -9,8 +9,12 @@
 //! One test binary for the crate: the rollup and the cost ledger/report tests are its
 //! modules.
 
+#[path = "server/access.rs"]
+mod access;
 #[path = "server/cost.rs"]
 mod cost;
+#[path = "server/fuzz_regressions.rs"]
+mod fuzz_regressions;
 #[path = "server/import.rs"]
 mod import;
 #[path = "server/insights.rs"]
@@ -19,6 +23,8 @@ mod insights;
 mod rollup;
 #[path = "server/schedule.rs"]
 mod schedule;
+#[path = "server/transport.rs"]
+mod transport;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,13 +1,18 @@
 //! One ingest request, and what its answer means.
 //!
-//! A small blocking client (ureq, no TLS in this build) on the shipper's own thread:
-//! no async runtime to share with `/metrics`, and one request at a time is exactly the
-//! in-order delivery the spool needs. Proxies from the environment are not used (the
-//! library reads no environment).
+//! A small blocking client (ureq) on the shipper's own thread: no async runtime to share
+//! with `/metrics`, and one request at a time is exactly the in-order delivery the spool
+//! needs. Proxies from the environment are not used (the library reads no environment).
+//!
+//! `https://` collectors: rustls on ring, verifying the collector's certificate against
+//! `shipper.ca_file` when set, else against the public web PKI roots (Mozilla's, built
+//! in). A TLS failure is a retry like any network error (the batch stays in the spool);
+//! its reason says what is wrong and which setting to look at.
 
 use std::time::{Duration, Instant};
 
 use apron_common::wire::headers;
+use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
 
 use super::Batch;
 use crate::config::ShipperConfig;
@@ -33,11 +38,28 @@ pub struct Client {
     url: String,
     authorization: String,
     agent_id: String,
+    /// Whom the collector's certificate must chain to, for error messages.
+    trust: String,
 }
 
 impl Client {
     pub fn new(config: &ShipperConfig) -> Self {
+        let tls = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(apron_common::tls::ring_provider());
+        let (tls, trust) = match &config.ca {
+            Some(ca) => {
+                let certs: Vec<Certificate<'static>> =
+                    ca.certs.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
+                (
+                    tls.root_certs(RootCerts::new_with_certs(&certs)),
+                    format!("the CA in shipper.ca_file ({})", ca.path.display()),
+                )
+            }
+            None => (tls.root_certs(RootCerts::WebPki), "the public web PKI roots (no shipper.ca_file)".to_owned()),
+        };
         let agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
             .timeout_global(Some(config.request_timeout))
             .http_status_as_error(false)
             .proxy(None)
@@ -49,6 +71,7 @@ impl Client {
             url: format!("{}/api/v1/ingest", config.collector),
             authorization: format!("Bearer {}", config.token),
             agent_id: config.agent_id.clone(),
+            trust,
         }
     }
 
@@ -70,7 +93,7 @@ impl Client {
             .send(&batch.body[..]);
         let mut resp = match sent {
             Ok(r) => r,
-            Err(e) => return Outcome::Retry { reason: describe(&e), retry_after: None },
+            Err(e) => return Outcome::Retry { reason: describe(&e, &self.trust), retry_after: None },
         };
         let status = resp.status().as_u16();
         let retry_after = resp
@@ -119,12 +142,39 @@ pub fn error_detail(body: &str) -> String {
     body.trim().chars().take(300).collect()
 }
 
-fn describe(e: &ureq::Error) -> String {
+fn describe(e: &ureq::Error, trust: &str) -> String {
     match e {
-        ureq::Error::Io(io) => format!("{} ({:?})", io, io.kind()),
+        ureq::Error::Rustls(tls) => describe_tls(tls, trust),
+        ureq::Error::Io(io) => match io.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+            Some(tls) => describe_tls(tls, trust),
+            None => format!("{} ({:?})", io, io.kind()),
+        },
         ureq::Error::Timeout(t) => format!("timed out ({t:?})"),
         other => other.to_string(),
     }
+}
+
+/// A TLS failure in words an operator can act on.
+pub fn describe_tls(e: &rustls::Error, trust: &str) -> String {
+    use rustls::{CertificateError, Error};
+    let hint = match e {
+        Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature) => {
+            format!("the collector's certificate is not signed by {trust}")
+        }
+        Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => "the collector's certificate does not name the host in agent.collector".to_owned(),
+        Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+            "the collector's certificate has expired".to_owned()
+        }
+        Error::InvalidCertificate(_) => format!("the collector's certificate was refused (trusting {trust})"),
+        Error::InvalidMessage(_) | Error::InappropriateMessage { .. } => {
+            "the collector does not speak TLS there (use http:// for a plain-HTTP collector)".to_owned()
+        }
+        Error::AlertReceived(_) => "the collector refused the TLS handshake".to_owned(),
+        _ => "the TLS handshake with the collector failed".to_owned(),
+    };
+    format!("TLS: {hint} ({e})")
 }
 
 #[cfg(test)]
@@ -146,6 +196,28 @@ mod tests {
         };
         assert_eq!(retry_after, Some(Duration::from_secs(3)));
         assert_eq!(reason, "HTTP 429: slow down");
+    }
+
+    #[test]
+    fn tls_failures_say_what_to_fix() {
+        let trust = "the CA in shipper.ca_file (/etc/apron/ca.crt)";
+        let e = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let msg = describe_tls(&e, trust);
+        assert!(
+            msg.starts_with("TLS: the collector's certificate is not signed by the CA in shipper.ca_file"),
+            "{msg}"
+        );
+        assert!(msg.contains("/etc/apron/ca.crt") && msg.contains("UnknownIssuer"), "{msg}");
+        let e = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        assert!(describe_tls(&e, trust).contains("does not name the host"));
+        let e = rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType);
+        assert!(describe_tls(&e, trust).contains("use http://"));
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let msg = describe(&ureq::Error::Io(io), trust);
+        assert!(msg.contains("not signed by"), "{msg}");
     }
 
     #[test]

@@ -174,6 +174,7 @@ pub(crate) mod tests {
             request_timeout: Duration::from_secs(1),
             max_batch_rows: 3,
             max_backoff: Duration::from_secs(1),
+            ca: None,
         }
     }
 

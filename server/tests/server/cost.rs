@@ -199,7 +199,9 @@ async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
     // 0.75 h, allocated idle 0.33 h; cost 3.60 + 2.10 = 5.70; idle 2.70 + 1.20 = 3.90;
     // unallocated idle 0.60 on its own line; top stranded: ml/train-a, 1 GPU, 45 min, 2.70.
     let week = IsoWeek::parse("2026-W47").expect("week");
-    let r = report::build(engine, ledger.price_book(), week, ShareUnallocated::None, now).await.expect("report");
+    let r = report::build(engine, ledger.price_book(), week, ShareUnallocated::None, now, &apron_query::Scope::All)
+        .await
+        .expect("report");
     let j: serde_json::Value = serde_json::from_str(&r.to_json().expect("json")).expect("parse");
     let ml = &j["teams"][0];
     assert_eq!(ml["team"], "ml");

@@ -17,10 +17,10 @@ use apron_common::{Field, FieldStats, GpuHolder, GpuIdentity, GpuUuid, GpuWindow
 use apron_query::Format;
 use serde_json::Value;
 
-const MIN: i64 = 60 * SEC;
+pub(super) const MIN: i64 = 60 * SEC;
 const GIB: f64 = (1u64 << 30) as f64;
 /// 10:00 on the test day.
-const T0: i64 = D * DAY + 10 * 3600 * SEC;
+pub(super) const T0: i64 = D * DAY + 10 * 3600 * SEC;
 
 /// $3.60 per GPU-hour for H100s (exactly $0.001 a second); A100s at $4.00 on demand with
 /// a $1.50 spot rate.
@@ -29,14 +29,14 @@ const BOOK: &str = "version = \"test-insights\"\n\
     [[price]]\nmodel = \"A100 80GB\"\nmatch = [\"A100-SXM4-80GB\"]\nkind = \"on_demand\"\nusd_per_gpu_hour = \"4.00\"\n\
     [[price]]\nmodel = \"A100 80GB\"\nmatch = [\"A100-SXM4-80GB\"]\nkind = \"spot\"\nusd_per_gpu_hour = \"1.50\"\n";
 
-fn ident(host: &str, uuid: &str, model: &str) -> GpuIdentity {
+pub(super) fn ident(host: &str, uuid: &str, model: &str) -> GpuIdentity {
     GpuIdentity::gpu(HostName::new(host).expect("host"), GpuUuid::new(uuid).expect("uuid"), 0, model)
 }
 
-const H100: &str = "NVIDIA H100 80GB HBM3";
+pub(super) const H100: &str = "NVIDIA H100 80GB HBM3";
 
 /// One segment of 10 s windows of one GPU: `(from, to]` relative to T0.
-struct Seg<'a> {
+pub(super) struct Seg<'a> {
     gpu: &'a GpuIdentity,
     from: i64,
     to: i64,
@@ -47,11 +47,18 @@ struct Seg<'a> {
     xid: Option<f64>,
 }
 
-fn seg<'a>(gpu: &'a GpuIdentity, from: i64, to: i64, sm: f64, fb_gib: f64, holder: Option<GpuHolder>) -> Seg<'a> {
+pub(super) fn seg<'a>(
+    gpu: &'a GpuIdentity,
+    from: i64,
+    to: i64,
+    sm: f64,
+    fb_gib: f64,
+    holder: Option<GpuHolder>,
+) -> Seg<'a> {
     Seg { gpu, from, to, sm, fb_gib, holder, lost: false, xid: None }
 }
 
-fn windows(segs: &[Seg<'_>]) -> Vec<GpuWindow> {
+pub(super) fn windows(segs: &[Seg<'_>]) -> Vec<GpuWindow> {
     let stat = |v: f64| Some(FieldStats { count: 10, mean: v, min: v, max: v, last: v });
     let mut out = Vec::new();
     for s in segs {
@@ -77,7 +84,7 @@ fn windows(segs: &[Seg<'_>]) -> Vec<GpuWindow> {
     out
 }
 
-fn ingest(server: &Server, rows: &[GpuWindow], seq: u64) {
+pub(super) fn ingest(server: &Server, rows: &[GpuWindow], seq: u64) {
     let body = encode_ipc(&windows_to_batch(rows).expect("batch")).expect("ipc");
     server
         .store()
@@ -85,13 +92,13 @@ fn ingest(server: &Server, rows: &[GpuWindow], seq: u64) {
         .expect("ingest");
 }
 
-fn cost(dir: &std::path::Path, teams: apron_cost::TeamConfig) -> CostConfig {
+pub(super) fn cost(dir: &std::path::Path, teams: apron_cost::TeamConfig) -> CostConfig {
     let book = dir.join("prices.toml");
     std::fs::write(&book, BOOK).expect("book");
     CostConfig { price_book: Some(book), teams, ..CostConfig::default() }
 }
 
-fn pod(ns: &str, name: &str, labels: &str) -> GpuHolder {
+pub(super) fn pod(ns: &str, name: &str, labels: &str) -> GpuHolder {
     let mut h = GpuHolder::pod(Some(ns.into()), Some(name.into()), None);
     h.pod_labels = Some(labels.into());
     h
@@ -213,7 +220,7 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     // The same alerts over HTTP, in SQL and on /metrics.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let api = listener.local_addr().expect("addr");
-    let router = apron::insights::router(Some(evaluator.clone()), None, apron::SqlAuth::Loopback);
+    let router = apron::insights::router(Some(evaluator.clone()), None, apron::Access::Loopback);
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     let j = http_get(api, "/api/v1/alerts?state=firing").await;
     let stranded = j["alerts"]

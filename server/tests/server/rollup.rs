@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use apron::{Server, SqlAuth};
+use apron::{Access, Server};
 use apron_collector::http::IngestOptions;
 use apron_collector::{IngestRequest, Store, StoreConfig, Table};
 use apron_common::wire::{encode_ipc, windows_to_batch};
@@ -89,7 +89,7 @@ pub(super) fn open(dir: &std::path::Path) -> Server {
         ..StoreConfig::default()
     };
     let ingest = IngestOptions { tokens: vec!["0123456789abcdef".into()], ..IngestOptions::default() };
-    Server::open(store, ingest, QueryConfig::default(), SqlAuth::Loopback).expect("open")
+    Server::open(store, ingest, QueryConfig::default(), Access::Loopback).expect("open")
 }
 
 async fn rows(engine: &QueryEngine, sql: &str) -> Vec<serde_json::Value> {
