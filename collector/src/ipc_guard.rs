@@ -119,7 +119,10 @@ fn check_schema(schema: arrow_ipc::Schema<'_>) -> Result<(), String> {
                     .type_as_floating_point()
                     .is_some_and(|t| matches!(t.precision(), Precision::HALF | Precision::SINGLE | Precision::DOUBLE)),
                 Type::Timestamp => f.type_as_timestamp().is_some_and(|t| {
-                    matches!(t.unit(), TimeUnit::SECOND | TimeUnit::MILLISECOND | TimeUnit::MICROSECOND | TimeUnit::NANOSECOND)
+                    matches!(
+                        t.unit(),
+                        TimeUnit::SECOND | TimeUnit::MILLISECOND | TimeUnit::MICROSECOND | TimeUnit::NANOSECOND
+                    )
                 }),
                 _ => false,
             };
@@ -171,6 +174,17 @@ mod tests {
         for cut in [1, 7, 9, body.len() / 2] {
             assert!(check(&body[..body.len() - 8 - cut], 10, 1 << 30).is_err(), "cut {cut}");
         }
+    }
+
+    #[test]
+    fn refuses_schemas_arrow_cannot_convert() {
+        // Found by fuzzing (docs/fuzzing.md): a column of type NONE made Arrow's schema
+        // conversion panic. The guard refuses it before the reader sees it.
+        let body = include_bytes!("../../fuzz/regressions/ingest_decode/arrow-schema-type-none.arrows");
+        let err = check(body, 100_000, 1 << 30).expect_err("NONE type");
+        assert!(matches!(&err, FramingError::Malformed(m) if m.contains("NONE")), "{err}");
+        let good = encode_ipc(&testdata::samples(1, testdata::MIDNIGHT, 1)).expect("ipc");
+        assert_eq!(check(&good, 10, 1 << 30), Ok(()), "the wire schema passes");
     }
 
     /// Overwrites the decompressed-length prefix of the first non-empty buffer of the

@@ -189,11 +189,28 @@ impl PemSource {
     fn read(&self, what: &'static str) -> Result<Vec<u8>, TlsError> {
         match self {
             PemSource::File(path) => {
-                std::fs::read(path).map_err(|source| TlsError::Read { what, path: path.clone(), source })
+                read_limited(path, MAX_PEM_BYTES).map_err(|source| TlsError::Read { what, path: path.clone(), source })
             }
             PemSource::Inline { text, .. } => Ok(text.as_bytes().to_vec()),
         }
     }
+}
+
+/// Certificate bundles are kilobytes; a file over this is not one (or is `/dev/zero`).
+const MAX_PEM_BYTES: u64 = 16 << 20;
+
+/// Reads a whole file of at most `limit` bytes; a longer one is an `InvalidData` error.
+pub(crate) fn read_limited(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?.take(limit + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {} MiB, which no PEM or config file is", limit >> 20),
+        ));
+    }
+    Ok(out)
 }
 
 fn pem_error(source: &PemSource, e: &pem::Error) -> TlsError {
@@ -452,6 +469,9 @@ pub(crate) mod tests {
         assert!(m.contains("client_ca_file") && m.contains("not set"), "{m}");
         let m = msg(TlsConfig { client_ca_file: Some(ca), ..config(&cert, &key) });
         assert!(m.contains("client_auth") && m.contains("require_and_verify"), "{m}");
+
+        let m = msg(config(Path::new("/dev/zero"), &key));
+        assert!(m.contains("/dev/zero") && m.contains("larger than 16 MiB"), "{m}");
 
         let m = client_root_store(&key).expect_err("no CA").to_string();
         assert!(m.contains("server.key") && m.contains("no certificate found"), "{m}");

@@ -130,8 +130,10 @@ impl WebConfig {
     /// Reads and checks the file; certificate and key files are loaded now, so a bad
     /// one fails here rather than at the first connection.
     pub fn load(path: &Path) -> Result<Self, WebConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| WebConfigError::Read { path: path.to_owned(), source })?;
+        let read = |source| WebConfigError::Read { path: path.to_owned(), source };
+        let bytes = crate::tls::read_limited(path, 1 << 20).map_err(read)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error())))?;
         Self::parse(&text, path)
     }
 

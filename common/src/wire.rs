@@ -405,7 +405,18 @@ pub fn encode_ipc(batch: &RecordBatch) -> Result<Vec<u8>, WireError> {
 
 /// Decodes an IPC stream for `table`, checking the schema (names, types, nullability)
 /// and the row limit before anything is kept.
+///
+/// Arrow's IPC reader panics on some malformed streams instead of returning an error
+/// (e.g. a validity buffer shorter than its array; found by fuzzing, `docs/fuzzing.md`).
+/// A body is client input, so such a panic is a malformed body, not a crash: it is
+/// caught here (the panic hook still reports it) and returned as [`WireError::Malformed`].
 pub fn decode_ipc(body: &[u8], table: Table, max_rows: usize) -> Result<Vec<RecordBatch>, WireError> {
+    std::panic::catch_unwind(|| decode_ipc_unguarded(body, table, max_rows)).unwrap_or_else(|_| {
+        Err(WireError::Malformed(ArrowError::IpcError("malformed IPC stream (the Arrow decoder panicked)".into())))
+    })
+}
+
+fn decode_ipc_unguarded(body: &[u8], table: Table, max_rows: usize) -> Result<Vec<RecordBatch>, WireError> {
     let reader = StreamReader::try_new(Cursor::new(body), None).map_err(WireError::Malformed)?;
     let expected = table.schema();
     check_schema(&reader.schema(), &expected, table)?;

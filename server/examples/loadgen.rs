@@ -504,12 +504,8 @@ fn main() -> anyhow::Result<()> {
     let clock = Clock::now();
     let first_end = (clock.unix / 1_000_000 + 6) * 1_000_000;
     let last_end = first_end + (seconds as i64 - 1) * 1_000_000;
-    let config = SimConfig {
-        nodes: args.agents,
-        gpus_per_node: args.gpus_per_agent,
-        seed: args.seed,
-        ..SimConfig::default()
-    };
+    let config =
+        SimConfig { nodes: args.agents, gpus_per_node: args.gpus_per_agent, seed: args.seed, ..SimConfig::default() };
     let start = UnixMicros(first_end - 1_000_000);
     let sim = SimSource::starting_at(&config, None, start).context("building the simulated fleet")?;
     // Agent ids are the host names, in fleet order.
@@ -705,7 +701,8 @@ fn main() -> anyhow::Result<()> {
         },
     });
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&summary)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&summary)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     let l = &summary["ack_latency_ms"];
     println!("agents {n} × {} GPUs, {seconds} s, {connections} connections", args.gpus_per_agent);

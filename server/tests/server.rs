@@ -338,11 +338,16 @@ impl AgentProc {
     /// The real agent on the simulator, shipping to `collector` every second; the token
     /// comes from APRON_COLLECTOR_TOKEN, the spool and flush settings from a file.
     fn start(dir: &Path, collector: &str, windows_out: &Path) -> AgentProc {
+        AgentProc::start_with(dir, collector, windows_out, "")
+    }
+
+    /// [`AgentProc::start`] with more `[shipper]` settings (`ca_file = …`).
+    fn start_with(dir: &Path, collector: &str, windows_out: &Path, shipper: &str) -> AgentProc {
         let config = dir.join("agent.toml");
         std::fs::write(
             &config,
             format!(
-                "[samplers]\nprocesses = \"1s\"\n[shipper]\nspool_dir = {:?}\nflush_interval = \"1s\"\nrequest_timeout = \"2s\"\nmax_backoff = \"500ms\"\n",
+                "[samplers]\nprocesses = \"1s\"\n[shipper]\nspool_dir = {:?}\nflush_interval = \"1s\"\nrequest_timeout = \"2s\"\nmax_backoff = \"500ms\"\n{shipper}",
                 dir.join("spool").display().to_string()
             ),
         )

@@ -76,7 +76,8 @@ fn windows(n: usize) -> Vec<GpuWindow> {
         .map(|i| {
             let t = 1_795_000_000_000_000 + i as i64 * 1_000_000;
             let mut w = GpuWindow::new(UnixMicros(t), Duration::from_secs(1), gpu(i as u32 % 3));
-            w.fields[Field::GpuUtil.index()] = Some(FieldStats { count: 10, mean: 0.5, min: 0.0, max: 1.0, last: 0.25 });
+            w.fields[Field::GpuUtil.index()] =
+                Some(FieldStats { count: 10, mean: 0.5, min: 0.0, max: 1.0, last: 0.25 });
             w.fields[Field::PowerWatts.index()] = Some(FieldStats::single(312.5));
             w.fields[Field::FbUsedBytes.index()] = Some(FieldStats::single(4096.0 * i as f64));
             if i % 2 == 0 {

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{ServerProc, TOKEN, free_port, ingest_headers, now_us, poll, request, samples_body, write_config};
+use super::{
+    AgentProc, ServerProc, TOKEN, free_port, ingest_headers, now_us, poll, request, samples_body, write_config,
+};
 
 /// A private CA and a server certificate for `localhost` / 127.0.0.1 signed by it, as
 /// PEM files in `dir`: `(ca, cert, key)`.
@@ -83,6 +85,34 @@ fn the_api_and_the_pg_port_speak_tls_and_refuse_plaintext() {
         .expect("https sql");
     assert_eq!((r.status().as_u16(), r.body_mut().read_to_string().expect("body").trim()), (200, "n\n1"));
 
+    // The real agent ships over HTTPS, trusting the private CA (`[shipper] ca_file`).
+    let agent_dir = dir.path().join("agent");
+    std::fs::create_dir_all(&agent_dir).expect("agent dir");
+    let agent = AgentProc::start_with(
+        &agent_dir,
+        &format!("https://localhost:{port}"),
+        &agent_dir.join("windows.jsonl"),
+        &format!("ca_file = {:?}\n", ca.display().to_string()),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shipped = || {
+        let mut r = client
+            .post(format!("https://localhost:{port}/api/v1/sql"))
+            .header("authorization", "Bearer sql-token-0123456789abcdef")
+            .header("accept", "text/csv")
+            .send("SELECT count(*) AS n FROM gpu_samples WHERE gpu_uuid <> 'GPU-tls'")
+            .ok()?;
+        let text = r.body_mut().read_to_string().ok()?;
+        (text.trim() != "n\n0").then_some(())
+    };
+    while shipped().is_none() {
+        if Instant::now() > deadline {
+            panic!("no rows from the agent over HTTPS:\n{}", agent.stop());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    agent.stop();
+
     // A client that does not trust the CA fails the handshake; plaintext HTTP gets no
     // HTTP answer.
     let default_roots: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
@@ -97,7 +127,7 @@ fn the_api_and_the_pg_port_speak_tls_and_refuse_plaintext() {
         let o = psql(
             pg_port,
             &format!("sslmode=verify-full sslrootcert={}", ca.display()),
-            "SELECT count(*) FROM gpu_samples",
+            "SELECT count(*) FROM gpu_samples WHERE gpu_uuid = 'GPU-tls'",
         );
         o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_owned())
     });
