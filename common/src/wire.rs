@@ -547,6 +547,19 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_of_the_arrow_reader_is_a_malformed_body() {
+        // Found by fuzzing (docs/fuzzing.md): a validity buffer shorter than its array
+        // makes arrow-buffer assert while the batch is read.
+        let body = include_bytes!("../../fuzz/regressions/ingest_decode/arrow-short-validity-buffer.arrows");
+        for table in [Table::GpuSamples, Table::GpuProcesses] {
+            assert!(matches!(
+                decode_ipc(body, table, 100_000),
+                Err(WireError::Malformed(_)) | Err(WireError::Schema { .. })
+            ));
+        }
+    }
+
+    #[test]
     fn no_unsigned_types_and_utc_timestamps() {
         for t in [Table::GpuSamples, Table::GpuProcesses] {
             for f in t.schema().fields() {
