@@ -10,7 +10,8 @@
 #   2. starts `apron serve` (default settings; config in a temp dir: an ingest token, an
 #      SQL token, data dir, 127.0.0.1 port 0), waits for "listening on" and /healthz
 #   3. runs server/examples/loadgen.rs (ack latency of every request, retries like an
-#      agent) while sampling the server's RSS (/proc/PID/status) and CPU
+#      agent; with PREGEN=1 every request body is encoded into files first, so the
+#      generator's encoding does not compete with the server for CPU) while sampling the server's RSS (/proc/PID/status) and CPU
 #      (/proc/PID/stat utime+stime) and the machine's busy CPU (/proc/stat) every second
 #   4. counts gpu_samples rows and duplicate (host, gpu_uuid, time) keys over
 #      POST /api/v1/sql while the server runs (memtable + Parquet), then stops it
@@ -26,7 +27,11 @@
 #   GPUS_PER_AGENT=8  CONNECTIONS=0 (0: one keep-alive connection per agent)
 #   OUT=load-out         results: loadgen.json, samples.tsv, server logs, summary
 #   KEEP_DATA=0          1: keep the temp dir (config, data) after the run
+#   PREGEN=1             1: pre-encode all bodies (~15 KB per request: 9 GB for 1000
+#                        agents x 10 min, in the temp dir); 0: encode live at send time
 #   LOADGEN_ARGS=""      extra loadgen flags (e.g. --lead 200ms)
+#   STORAGE_TOML=""      extra lines for the server's [storage] section, e.g.
+#                        'persist_max_bytes = 8589934592'
 set -euo pipefail
 
 AGENTS=${1:-1000}
@@ -36,6 +41,8 @@ CONNECTIONS=${CONNECTIONS:-0}
 OUT=${OUT:-load-out}
 KEEP_DATA=${KEEP_DATA:-0}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
+PREGEN=${PREGEN:-1}
+STORAGE_TOML=${STORAGE_TOML:-}
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -75,6 +82,7 @@ tokens = ["$sql_token"]
 
 [storage]
 data_dir = "$data"
+$STORAGE_TOML
 
 [query]
 # The verification queries read every row of the run.
@@ -156,25 +164,27 @@ run_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 log "$run_date: $AGENTS agents x $GPUS_PER_AGENT GPUs for $DURATION; binaries in $BIN_DIR; temp dir $tmp"
 start_server server
 log "apron serve (pid $server_pid) on http://$addr"
-ps -eo pcpu,etime,comm --sort=-pcpu | head -8 > "$OUT/ps-before.txt"
+{ cat /proc/loadavg; ps -eo pid,ni,pcpu,etime,args --sort=-pcpu | head -12 | cut -c1-160; } > "$OUT/ps-before.txt"
 
 sample "$server_pid" > "$OUT/samples.tsv" &
 sampler_pid=$!
 sleep 2 # a baseline before the load
-load_t0=$EPOCHREALTIME
+pregen_args=()
+[ "$PREGEN" = 1 ] && pregen_args=(--pregen-dir "$tmp/bodies")
 set +e
 # shellcheck disable=SC2086 # LOADGEN_ARGS is a list of flags
 APRON_INGEST_TOKEN="$ingest_token" "$loadgen_bin" --server "http://$addr" --agents "$AGENTS" \
     --gpus-per-agent "$GPUS_PER_AGENT" --duration "$DURATION" --connections "$CONNECTIONS" \
-    --json "$OUT/loadgen.json" $LOADGEN_ARGS 2> >(tee "$OUT/loadgen.err" >&2) | tee "$OUT/loadgen.out"
+    --json "$OUT/loadgen.json" "${pregen_args[@]}" $LOADGEN_ARGS 2> >(tee "$OUT/loadgen.err" >&2) | tee "$OUT/loadgen.out"
 loadgen_rc=${PIPESTATUS[0]}
 set -e
 load_t1=$EPOCHREALTIME
+rm -rf "$tmp/bodies"
 sleep 1
 kill "$sampler_pid" 2>/dev/null || true
 wait "$sampler_pid" 2>/dev/null || true
 sampler_pid=""
-ps -eo pcpu,etime,comm --sort=-pcpu | head -8 > "$OUT/ps-after.txt"
+{ cat /proc/loadavg; ps -eo pid,ni,pcpu,etime,args --sort=-pcpu | head -12 | cut -c1-160; } > "$OUT/ps-after.txt"
 [ -f "$OUT/loadgen.json" ] || { log "loadgen wrote no summary (exit $loadgen_rc)"; exit 1; }
 
 log "counting rows while the server runs (memtable + Parquet)"
@@ -191,6 +201,8 @@ ready_secs=$(secs_since "$restart_t0")
 read -r cold_rows cold_dups cold_series < <(count_rows) || { log "the count query failed"; exit 1; }
 stop_server
 
+# The load starts one second before the first window ends (pre-generation comes before).
+load_t0=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["first_window_end_unix_s"] - 1)' "$OUT/loadgen.json")
 python3 - "$OUT" "$load_t0" "$load_t1" "$(getconf CLK_TCK)" "$run_date" "$DURATION" \
     "$live_rows" "$live_dups" "$live_series" "$cold_rows" "$cold_dups" "$cold_series" \
     "$shutdown_secs" "$ready_secs" "$data_bytes" "$loadgen_rc" <<'PY'
@@ -244,6 +256,11 @@ s = {
 }
 json.dump(s, open(f"{out}/summary.json", "w"), indent=2)
 rss, cpu, rows = s["server_rss_mib"], s["server_cpu"], s["rows"]
+pg = g["generator"].get("pregen")
+if pg:
+    pregen = f"bodies pre-generated before the run ({pg['bytes'] / 2**30:.1f} GiB, {pg['wall_s']:.0f} s, {pg['cpu_s']:.0f} CPU-s)"
+else:
+    pregen = f"encoded live: sim {g['generator']['sim_ms_mean']} ms/s, encode {g['generator']['encode_us_mean']} us/batch (wall)"
 text = f"""== ingest load: {s['agents']} agents x {s['gpus_per_agent']} GPUs at 1 Hz for {duration} ({date})
 requests      {s['requests_ok']} acknowledged of {s['requests']} sent; {s['achieved_rps']} req/s achieved (target {s['target_rps']:.0f}); non-2xx {s['non_2xx']}; errors {s['transport_errors']}; retried batches {s['retried_batches']}
 ack latency   p50 {lat['p50']} ms  p90 {lat['p90']} ms  p99 {lat['p99']} ms  p99.9 {lat['p99_9']} ms  max {lat['max']} ms
@@ -251,9 +268,9 @@ send lag      p50 {g['send_lag_ms']['p50']} ms  p99 {g['send_lag_ms']['p99']} ms
 server RSS    start {rss['start']} MiB  peak {rss['peak']} MiB  end {rss['end']} MiB
 server CPU    {cpu['seconds']} CPU-s over {cpu['span_s']} s = {cpu['mean_pct_one_core']}% of one core (busiest 10 s: {cpu['peak_10s_pct_one_core']}%)
 machine       {s['machine_busy_pct_all_cores']}% of all cores busy during the run
-loadgen       {g['generator']['cpu_s']} CPU-s = {g['generator']['cpu_pct_one_core']}% of one core; sim {g['generator']['sim_ms_mean']} ms/s; encode {g['generator']['encode_us_mean']} us/batch; body {s['mean_body_bytes']} B
+loadgen       {g['generator']['cpu_s']} CPU-s = {g['generator']['cpu_pct_one_core']}% of one core during the run; {pregen}; body {s['mean_body_bytes']} B
 rows          sent {rows['sent']}  acked {rows['acked']}  stored {rows['stored_live']} (live)  {rows['stored_after_restart']} (after restart)  duplicates {rows['duplicates_live']}/{rows['duplicates_after_restart']}  undelivered {rows['undelivered']}  rejected {rows['rejected']}
-store         {data_bytes / 2**20:.0f} MiB on disk; shutdown (final persist) {stop_s} s; restart ready in {ready_s} s
+store         {data_bytes / 2**20:.1f} MiB on disk; shutdown (final persist) {stop_s} s; restart ready in {ready_s} s
 result        {'NOTHING LOST: rows acked = rows stored, 0 duplicates' if ok else 'FAILED: rows lost, duplicated or undelivered'}
 """
 open(f"{out}/summary.txt", "w").write(text)

@@ -291,14 +291,19 @@ impl FileConfig {
         let mut credentials: Vec<Credential> = Vec::new();
         let mut add = |key: String, token: String, role: Role| -> Result<(), ConfigError> {
             let token = check_token(key.clone(), token)?;
-            if let Some(other) = credentials.iter().find(|c| *c.token == *token.as_bytes()) {
-                if other.role != role {
-                    return Err(invalid(
-                        key,
-                        "<hidden>",
-                        format!("a token not already listed with role {}", other.role),
-                    ));
-                }
+            if let Some(other) = credentials.iter_mut().find(|c| *c.token == *token.as_bytes()) {
+                // The same token as ingest and as SQL token (one secret for both, as
+                // before roles existed) may do both: admin. Any other mix is a mistake.
+                other.role = match (&other.role, &role) {
+                    (a, b) if a == b => role,
+                    (Role::Agent, Role::Viewer | Role::Admin) | (Role::Viewer | Role::Admin, Role::Agent) => {
+                        Role::Admin
+                    }
+                    (Role::Admin, Role::Viewer) | (Role::Viewer, Role::Admin) => Role::Admin,
+                    (a, _) => {
+                        return Err(invalid(key, "<hidden>", format!("a token not already listed with role {a}")));
+                    }
+                };
                 return Ok(());
             }
             credentials.push(Credential { token: token.into_bytes().into(), role });
@@ -613,8 +618,14 @@ vision-token-0123456789
         let err = |extra: &str| resolve(&format!("{tok}{extra}"), Overrides::default()).expect_err(extra).to_string();
         assert!(err("[[tokens]]\nrole = \"root\"\ntoken = \"x-0123456789abcdef\"\n").contains("role"));
         assert!(err("[[tokens]]\nrole = \"viewer\"\n").contains("exactly one of token or token_file"));
-        let e = err("[[tokens]]\nrole = \"viewer\"\ntoken = \"agent-token-0123456789\"\n");
+        let e = err("[[tokens]]\nrole = \"team:x\"\ntoken = \"agent-token-0123456789\"\n");
         assert!(e.contains("already listed with role agent") && !e.contains("agent-token-0123456789"), "{e}");
+        // One secret as ingest and SQL token (deployments from before roles): admin.
+        let c = resolve(&format!("{tok}[sql]\ntokens = [\"agent-token-0123456789\"]\n"), Overrides::default())
+            .expect("valid");
+        assert_eq!(c.credentials.len(), 1);
+        assert_eq!(c.credentials[0].role, Role::Admin);
+        assert_eq!(c.ingest.tokens, ["agent-token-0123456789"]);
         assert!(
             err("[pg]\nusers = [{ name = \"a\", password = \"password-1\", role = \"agent\" }]\n")
                 .contains("agents cannot query")
