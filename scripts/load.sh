@@ -264,7 +264,7 @@ else:
 text = f"""== ingest load: {s['agents']} agents x {s['gpus_per_agent']} GPUs at 1 Hz for {duration} ({date})
 requests      {s['requests_ok']} acknowledged of {s['requests']} sent; {s['achieved_rps']} req/s achieved (target {s['target_rps']:.0f}); non-2xx {s['non_2xx']}; errors {s['transport_errors']}; retried batches {s['retried_batches']}
 ack latency   p50 {lat['p50']} ms  p90 {lat['p90']} ms  p99 {lat['p99']} ms  p99.9 {lat['p99_9']} ms  max {lat['max']} ms
-send lag      p50 {g['send_lag_ms']['p50']} ms  p99 {g['send_lag_ms']['p99']} ms  max {g['send_lag_ms']['max']} ms (due -> sent: the generator keeping up)
+send lag      p50 {g['send_lag_ms']['p50']} ms  p99 {g['send_lag_ms']['p99']} ms  max {g['send_lag_ms']['max']} ms (due -> first attempt: generator lateness, or an agent's queue behind a retried batch)
 server RSS    start {rss['start']} MiB  peak {rss['peak']} MiB  end {rss['end']} MiB
 server CPU    {cpu['seconds']} CPU-s over {cpu['span_s']} s = {cpu['mean_pct_one_core']}% of one core (busiest 10 s: {cpu['peak_10s_pct_one_core']}%)
 machine       {s['machine_busy_pct_all_cores']}% of all cores busy during the run

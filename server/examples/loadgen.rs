@@ -36,9 +36,9 @@
 //! agents × 10 min).
 //!
 //! Measured per request: acknowledgement latency (send → 2xx, successful attempts), lag
-//! (due → send started: the generator keeping up), delivery (due → acknowledged,
-//! retries included). Latencies are kept exactly (µs, one u32 per request) and sorted
-//! at the end. Prints a summary; `--json FILE` writes it for scripts.
+//! (due → first attempt: the generator keeping up, and an agent's queue behind a batch
+//! in backoff), delivery (due → acknowledged, retries included). Latencies are kept
+//! exactly (µs, one u32 per request) and sorted at the end. Prints a summary; `--json FILE` writes it for scripts.
 //!
 //! ```sh
 //! cargo run --release -p apron --example loadgen -- --server http://127.0.0.1:9402 \
@@ -937,7 +937,7 @@ fn main() -> anyhow::Result<()> {
         l["p50"], l["p90"], l["p99"], l["p99_9"], l["max"], l["mean"]
     );
     let g = &summary["send_lag_ms"];
-    println!("send lag ms (due → sent): p50 {} p99 {} max {}", g["p50"], g["p99"], g["max"]);
+    println!("send lag ms (due → first attempt): p50 {} p99 {} max {}", g["p50"], g["p99"], g["max"]);
     println!(
         "rows sent {} acknowledged {} rejected {} undelivered {}",
         stats.rows_sent, stats.rows_acked, stats.rejected_rows, stats.undelivered_rows
