@@ -33,6 +33,17 @@ pub struct QueryConfig {
     pub max_result_bytes: u64,
     /// DataFusion's `target_partitions` (parallelism of one query); 0 = CPU count.
     pub target_partitions: usize,
+    /// How deep expressions, subqueries and set operations of one statement may nest
+    /// (`1+1+…+1` is as deep as it has terms); deeper statements are refused before
+    /// planning ([`crate::QueryError::TooComplex`]).
+    pub max_expr_depth: usize,
+    /// How many expressions, tables and set operations one statement may have.
+    pub max_expr_nodes: usize,
+    /// The most bytes one string function (`repeat`, `lpad`, `rpad`, `replace`,
+    /// `regexp_replace`, `overlay`, `concat`, `concat_ws`, `||`) may produce for one
+    /// batch of rows; checked from the arguments before anything is allocated, since
+    /// these allocations are not counted by the memory pool.
+    pub max_string_result_bytes: u64,
 }
 
 impl Default for QueryConfig {
@@ -45,6 +56,9 @@ impl Default for QueryConfig {
             max_result_rows: 1_000_000,
             max_result_bytes: 256 << 20,
             target_partitions: 0,
+            max_expr_depth: 500,
+            max_expr_nodes: 20_000,
+            max_string_result_bytes: 64 << 20,
         }
     }
 }

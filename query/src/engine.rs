@@ -5,7 +5,8 @@
 //!    slot: semaphore(max_concurrent), wait ≤ queue_timeout ── else Busy (503)
 //!    └─ timeout(query.timeout) ──────────────────────────────── else Timeout (504)
 //!         state = base session + a fresh memory pool (memory_limit_bytes, no spill)
-//!         parse → check_statement → plan → check_plan          ── ReadOnly / Syntax / Plan (400)
+//!         parse → check_shape → check_statement → plan → check_plan
+//!                                              ── TooComplex / ReadOnly / Syntax / Plan (400)
 //!         DataFrame::new(state, plan).execute_stream()           (never SessionContext::sql,
 //!         collect ≤ max_result_rows ─────────────────────────── which would run DDL)
 //!                                                                 else TooManyRows (413)
@@ -18,7 +19,13 @@
 //! timer nor the HTTP server would run. Here the caller's timer always fires on time and
 //! the query task is aborted; an operator stuck inside a poll stops at its next yield,
 //! and the query keeps its slot until it really stops (so runaway queries cannot pile up
-//! past `max_concurrent`).
+//! past `max_concurrent`). Those threads have large stacks
+//! ([`crate::guard::QUERY_THREAD_STACK_BYTES`]) so that any statement within the shape
+//! limits plans and runs; the shape check refuses the rest.
+//!
+//! A scoped principal's errors that could describe data are made opaque
+//! ([`QueryError::opaque`]): it gets the kind of failure and an error id, the log gets the
+//! full text under that id.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -43,6 +50,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::QueryConfig;
 use crate::error::QueryError;
+use crate::guard;
 use crate::provider::ApronTable;
 use crate::readonly;
 use crate::render::QueryResult;
@@ -127,13 +135,15 @@ impl QueryEngine {
             .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
             .build_arc()
             .map_err(df_err)?;
-        let state = SessionStateBuilder::new()
+        let mut state = SessionStateBuilder::new()
             .with_config(session)
             .with_runtime_env(runtime)
             .with_default_features()
             // No `CREATE EXTERNAL TABLE` handlers, even if a plan got past the checks.
             .with_table_factories(Default::default())
             .build();
+        let max_string = usize::try_from(config.max_string_result_bytes).unwrap_or(usize::MAX);
+        guard::capped_functions(&mut state, max_string).map_err(df_err)?;
         let ctx = SessionContext::new_with_state(state);
         let mut tables = Vec::new();
         let mut providers: Vec<(&'static str, Arc<dyn TableProvider>)> = Vec::new();
@@ -158,6 +168,7 @@ impl QueryEngine {
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
+            .thread_stack_size(guard::QUERY_THREAD_STACK_BYTES)
             .thread_name_fn(|| {
                 static N: AtomicUsize = AtomicUsize::new(0);
                 format!("apron-query-{}", N.fetch_add(1, Ordering::Relaxed))
@@ -268,11 +279,11 @@ impl QueryEngine {
         let started = Instant::now();
         let inner = self.inner.clone();
         let sql = sql.to_owned();
-        let scope = scope.clone();
+        let task_scope = scope.clone();
         let mut task = runtime.spawn(async move {
             // The slot is held until the query has really stopped.
             let _permit = permit;
-            inner.run(&sql, max_rows, &scope).await
+            inner.run(&sql, max_rows, &task_scope).await
         });
         // Also cancels the query when the caller goes away (client disconnected).
         let _cancel = AbortOnDrop(task.abort_handle());
@@ -281,12 +292,29 @@ impl QueryEngine {
             Ok(Err(e)) => Err(QueryError::Internal { detail: format!("the query task failed: {e}") }),
             Err(_) => Err(QueryError::Timeout { timeout: config.timeout }),
         };
-        match &result {
-            Ok(r) => tracing::debug!(rows = r.num_rows(), elapsed = ?started.elapsed(), "query"),
-            Err(e) => tracing::debug!(error = %e, elapsed = ?started.elapsed(), "query refused or failed"),
+        match result {
+            Ok(r) => {
+                tracing::debug!(rows = r.num_rows(), elapsed = ?started.elapsed(), "query");
+                Ok(r)
+            }
+            Err(e) if scope.is_scoped() && e.describes_data() => {
+                let id = error_id();
+                tracing::warn!(error_id = %id, error = %e, detail = %e.detail(), "a scoped query failed");
+                Err(e.opaque(&id))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, elapsed = ?started.elapsed(), "query refused or failed");
+                Err(e)
+            }
         }
-        result
     }
+}
+
+/// A short id that ties an opaque error to its log line (not a secret, just unique).
+fn error_id() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    format!("{:012x}", (nanos ^ (N.fetch_add(1, Ordering::Relaxed) as u64).rotate_left(40)) & 0xffff_ffff_ffff)
 }
 
 struct AbortOnDrop(tokio::task::AbortHandle);
@@ -356,6 +384,8 @@ impl Inner {
         let state = self.query_state(scope)?;
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect).map_err(df_err)?;
+        guard::check_shape(&statement, self.config.max_expr_depth, self.config.max_expr_nodes)
+            .map_err(|v| QueryError::TooComplex { what: v.what, setting: v.setting })?;
         readonly::check_statement(&statement)?;
         let plan = state.statement_to_plan(statement).await.map_err(df_err)?;
         readonly::check_plan(&plan)?;

@@ -2,15 +2,23 @@
 //!
 //! | error | status | why this status |
 //! | --- | --- | --- |
-//! | `Syntax`, `Plan`, `Invalid`, `ReadOnly` | 400 | the request itself is wrong; resending it fails the same way |
+//! | `Syntax`, `Plan`, `Invalid`, `ReadOnly`, `TooComplex` | 400 | the request itself is wrong; resending it fails the same way |
 //! | `TooManyRows`, `ResultTooLarge` | 413 | the answer is too large to send; add LIMIT or aggregate |
 //! | `Timeout` | 504 | the server gave up waiting on the query engine (Druid answers 504 for query timeouts too); 408 would blame the client's upload |
 //! | `Busy` | 503 | every query slot is taken; retry later (server-wide, not per client, so not 429) |
 //! | `MemoryLimit` | 507 | the server cannot hold this query's working set; retrying as-is fails again (like the collector's 507 for a full disk) |
 //! | `Source`, `Internal` | 500 | reading the data or the engine failed |
 //!
-//! The JSON body is `{"error": <one-line message>, "detail": <engine text or a hint>}`
-//! ([`QueryError::to_json`]); [`QueryError::code`] is a stable machine-readable name.
+//! The JSON body is `{"error": <one-line message>, "detail": <engine text or a hint>,
+//! "code": <stable name>}` ([`QueryError::to_json`]); [`QueryError::code`] is the stable
+//! machine-readable name (`invalid_cast`, `division_by_zero`, `invalid_regex`, … for
+//! `Invalid`: what the user's query did wrong, never a value).
+//!
+//! **What errors may say.** No error carries a server path ([`redact_paths`] runs on
+//! every engine text). For a scoped (`team:<name>`) principal, errors that come from
+//! evaluating the query on data — `Invalid`, `MemoryLimit`, `Source`, `Internal` — carry
+//! no engine text at all: [`QueryError::opaque`] replaces it with the kind of failure and
+//! an error id that the server logs together with the full text.
 
 use std::time::Duration;
 
@@ -30,9 +38,13 @@ pub enum QueryError {
     #[error("invalid query: {detail}")]
     Plan { detail: String },
     /// The query failed on the data: a cast that does not hold, division by zero,
-    /// overflow, a malformed argument to a function.
+    /// overflow, a malformed argument to a function. `code` says which, in words that
+    /// never hold a value.
     #[error("query failed: {detail}")]
-    Invalid { detail: String },
+    Invalid { code: &'static str, detail: String },
+    /// The statement is nested too deep or too large to plan safely; nothing ran.
+    #[error("query too complex: {what}")]
+    TooComplex { what: String, setting: &'static str },
     /// A write (DDL, DML, COPY, SET, …) was refused; nothing ran.
     #[error("read-only: {what} is not allowed")]
     ReadOnly { what: String },
@@ -60,6 +72,7 @@ impl QueryError {
             QueryError::Syntax { .. }
             | QueryError::Plan { .. }
             | QueryError::Invalid { .. }
+            | QueryError::TooComplex { .. }
             | QueryError::ReadOnly { .. } => 400,
             QueryError::TooManyRows { .. } | QueryError::ResultTooLarge { .. } => 413,
             QueryError::Timeout { .. } => 504,
@@ -74,7 +87,8 @@ impl QueryError {
         match self {
             QueryError::Syntax { .. } => "sql_syntax",
             QueryError::Plan { .. } => "invalid_query",
-            QueryError::Invalid { .. } => "query_failed",
+            QueryError::Invalid { code, .. } => code,
+            QueryError::TooComplex { .. } => "query_too_complex",
             QueryError::ReadOnly { .. } => "read_only",
             QueryError::Timeout { .. } => "timeout",
             QueryError::TooManyRows { .. } => "too_many_rows",
@@ -89,8 +103,11 @@ impl QueryError {
     /// The contract's `detail`: the engine's text where there is one, else what to do.
     pub fn detail(&self) -> String {
         match self {
-            QueryError::Syntax { detail } | QueryError::Plan { detail } | QueryError::Invalid { detail } => {
+            QueryError::Syntax { detail } | QueryError::Plan { detail } | QueryError::Invalid { detail, .. } => {
                 detail.clone()
+            }
+            QueryError::TooComplex { setting, .. } => {
+                format!("simplify the query (fewer terms, a shallower nesting); the limit is {setting}")
             }
             QueryError::ReadOnly { .. } => {
                 "this SQL API answers queries only (SELECT, EXPLAIN, DESCRIBE, SHOW); DDL, DML, COPY and SET are refused"
@@ -118,21 +135,56 @@ impl QueryError {
         matches!(self, QueryError::Busy { .. } | QueryError::Timeout { .. } | QueryError::Source { .. })
     }
 
-    /// The contract's error body: `{"error": "...", "detail": "..."}`.
+    /// The contract's error body: `{"error": "...", "detail": "...", "code": "..."}`.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "error": self.to_string(), "detail": self.detail() })
+        serde_json::json!({ "error": self.to_string(), "detail": self.detail(), "code": self.code() })
+    }
+
+    /// True for errors whose text may describe the data the query ran over (a value
+    /// that did not cast, a file that could not be read, the memory an operator held).
+    pub fn describes_data(&self) -> bool {
+        matches!(
+            self,
+            QueryError::Invalid { .. }
+                | QueryError::MemoryLimit { .. }
+                | QueryError::Source { .. }
+                | QueryError::Internal { .. }
+        )
+    }
+
+    /// This error as a scoped principal may see it: for [`QueryError::describes_data`]
+    /// errors, the kind of failure and `error_id` instead of the engine's text (the
+    /// caller logs the full error under the same id); other errors unchanged.
+    pub fn opaque(self, error_id: &str) -> QueryError {
+        let see_log = |what: &str| format!("{what} (error id {error_id}; the server's log has the detail)");
+        match self {
+            QueryError::Invalid { code, .. } => QueryError::Invalid { code, detail: see_log(describe(code)) },
+            QueryError::MemoryLimit { limit_bytes, .. } => {
+                QueryError::MemoryLimit { limit_bytes, detail: see_log("the query needed more memory than its limit") }
+            }
+            QueryError::Source { .. } => QueryError::Source { detail: see_log("reading table data failed") },
+            QueryError::Internal { .. } => {
+                QueryError::Internal { detail: see_log("the query failed inside the server") }
+            }
+            other => other,
+        }
     }
 
     /// Classifies an error DataFusion returned while planning or running a query.
     pub fn from_datafusion(e: DataFusionError, memory_limit_bytes: u64) -> QueryError {
-        let text = e.strip_backtrace();
+        let text = redact_paths(&e.strip_backtrace());
         // A memory refusal can be wrapped (by an operator, a spawned task, an Arrow
         // external error) anywhere in the chain; it decides the class.
         if chain(&e).any(|d| matches!(d, DataFusionError::ResourcesExhausted(_))) {
             return QueryError::MemoryLimit { limit_bytes: memory_limit_bytes, detail: text };
         }
         if let Some(source) = source_error(&e) {
-            return QueryError::Source { detail: source.to_string() };
+            return QueryError::Source { detail: redact_paths(&source.to_string()) };
+        }
+        // A value the user's expression could not handle, however deeply an operator or
+        // the Parquet decoder (which evaluates pushed-down predicates) wrapped it.
+        if let Some(a) = arrow_data_error(&e) {
+            return QueryError::Invalid { code: arrow_code(a), detail: text };
         }
         match e.find_root() {
             DataFusionError::SQL(..) => QueryError::Syntax { detail: text },
@@ -140,8 +192,7 @@ impl QueryError {
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_)
             | DataFusionError::Configuration(_) => QueryError::Plan { detail: text },
-            DataFusionError::Execution(_) => QueryError::Invalid { detail: text },
-            DataFusionError::ArrowError(a, _) if is_data_error(a) => QueryError::Invalid { detail: text },
+            DataFusionError::Execution(m) => QueryError::Invalid { code: execution_code(m), detail: text },
             _ => QueryError::Internal { detail: text },
         }
     }
@@ -170,6 +221,106 @@ fn is_data_error(e: &ArrowError) -> bool {
             | ArrowError::InvalidArgumentError(_)
             | ArrowError::ComputeError(_)
     )
+}
+
+/// The first Arrow data error anywhere in `e`'s source chain (through DataFusion's
+/// wrappers, `Arc`s and the Parquet decoder's `External`).
+fn arrow_data_error(e: &DataFusionError) -> Option<&ArrowError> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cur) = next {
+        if let Some(DataFusionError::ArrowError(a, _)) = cur.downcast_ref::<DataFusionError>() {
+            if is_data_error(a) {
+                return Some(a);
+            }
+        }
+        if let Some(a) = cur.downcast_ref::<ArrowError>() {
+            if is_data_error(a) {
+                return Some(a);
+            }
+            // Arrow wraps other errors (a UDF's DataFusionError) as External.
+            if let ArrowError::ExternalError(inner) = a {
+                next = Some(inner.as_ref());
+                continue;
+            }
+        }
+        next = cur.source();
+    }
+    None
+}
+
+fn arrow_code(e: &ArrowError) -> &'static str {
+    match e {
+        ArrowError::CastError(_) => "invalid_cast",
+        ArrowError::DivideByZero => "division_by_zero",
+        ArrowError::ArithmeticOverflow(_) => "arithmetic_overflow",
+        ArrowError::ParseError(_) => "invalid_value",
+        _ => "invalid_argument",
+    }
+}
+
+/// DataFusion's execution errors are text; the stable code is read from the words
+/// DataFusion uses (never from a value).
+fn execution_code(message: &str) -> &'static str {
+    let m = message.to_ascii_lowercase();
+    if m.contains("max_string_result_bytes") {
+        "string_result_too_large"
+    } else if m.contains("regular expression") || m.contains("regex") {
+        "invalid_regex"
+    } else if m.contains("divide by zero") || m.contains("division by zero") {
+        "division_by_zero"
+    } else if m.contains("overflow") {
+        "arithmetic_overflow"
+    } else if m.contains("cast") {
+        "invalid_cast"
+    } else {
+        "query_failed"
+    }
+}
+
+/// What an `Invalid` error's code means, in words for a scoped principal.
+fn describe(code: &str) -> &'static str {
+    match code {
+        "invalid_cast" => "a value could not be cast to the requested type",
+        "division_by_zero" => "division by zero",
+        "arithmetic_overflow" => "an arithmetic result overflowed its type",
+        "invalid_value" => "a value could not be parsed",
+        "invalid_regex" => "a regular expression is invalid",
+        "string_result_too_large" => "a string function's result would exceed query.max_string_result_bytes",
+        "invalid_argument" => "a function got an argument it cannot take",
+        _ => "the query failed on a value",
+    }
+}
+
+/// `text` with every file path and object-store URL replaced by `<path>`: errors must
+/// not tell a client where or how the server stores data. A path is a run of
+/// non-delimiters with at least two `/` (from the first `/`, or from the URL's scheme).
+pub fn redact_paths(text: &str) -> String {
+    let delimiter = |c: char| c.is_whitespace() || "'\"`()[]{},;<>".contains(c);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest.find(delimiter).unwrap_or(rest.len());
+        let (token, tail) = rest.split_at(end);
+        let slashes = token.matches('/').count();
+        match token.find("://").map(|i| token[..i].rfind(|c: char| !c.is_ascii_alphanumeric()).map_or(0, |j| j + 1)) {
+            Some(start) => {
+                out.push_str(&token[..start]);
+                out.push_str("<path>");
+            }
+            None if slashes >= 2 => {
+                let start = token.find('/').unwrap_or(0);
+                out.push_str(&token[..start]);
+                out.push_str("<path>");
+            }
+            None => out.push_str(token),
+        }
+        let mut chars = tail.chars();
+        if let Some(d) = chars.next() {
+            out.push(d);
+        }
+        rest = chars.as_str();
+    }
+    out
 }
 
 /// Every DataFusionError in `e`'s source chain, `e` first.
@@ -237,7 +388,20 @@ mod tests {
         let plan = QueryError::from_datafusion(DataFusionError::Plan("no table".into()), lim);
         assert_eq!((plan.status(), plan.code()), (400, "invalid_query"));
         let cast = DataFusionError::ArrowError(Box::new(ArrowError::CastError("x".into())), None);
-        assert_eq!(QueryError::from_datafusion(cast, lim).code(), "query_failed");
+        assert_eq!(QueryError::from_datafusion(cast, lim).code(), "invalid_cast");
+        // The Parquet decoder wraps a failing pushed-down predicate: still the user's.
+        let wrapped = DataFusionError::ParquetError(Box::new(datafusion::parquet::errors::ParquetError::External(
+            Box::new(ArrowError::CastError("Cannot cast string 'team-b/secret' to value of Int32 type".into())),
+        )));
+        let e = QueryError::from_datafusion(wrapped, lim);
+        assert_eq!((e.status(), e.code()), (400, "invalid_cast"));
+        let opaque = e.opaque("e-1");
+        assert!(!opaque.to_json().to_string().contains("secret"), "{}", opaque.to_json());
+        assert!(opaque.to_json().to_string().contains("e-1"));
+        let div = DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None);
+        assert_eq!(QueryError::from_datafusion(div, lim).code(), "division_by_zero");
+        let re = DataFusionError::Execution("Regular expression did not compile: x".into());
+        assert_eq!(QueryError::from_datafusion(re, lim).code(), "invalid_regex");
         let io = DataFusionError::IoError(std::io::Error::other("disk"));
         assert_eq!(QueryError::from_datafusion(io, lim).status(), 500);
         let json = QueryError::ReadOnly { what: "INSERT".into() }.to_json();
@@ -246,6 +410,16 @@ mod tests {
         assert_eq!(QueryError::Timeout { timeout: Duration::from_millis(1500) }.status(), 504);
         assert_eq!(QueryError::Busy { max_concurrent: 1, waited: Duration::ZERO }.status(), 503);
         assert_eq!(QueryError::TooManyRows { max: 1 }.status(), 413);
+    }
+
+    #[test]
+    fn paths_never_leave_the_server() {
+        let t = "table 'datafusion.public./srv/apron/data/gpu_samples/date=2026-12-01/x.parquet' not found";
+        assert_eq!(redact_paths(t), "table 'datafusion.public.<path>' not found");
+        assert_eq!(redact_paths("reading s3://bucket/prefix/a.parquet: denied"), "reading <path> denied");
+        assert_eq!(redact_paths("Object at location /tmp/x/y not found"), "Object at location <path> not found");
+        // SQL terms keep their slashes when they are not paths.
+        assert_eq!(redact_paths("a / b and 10/3"), "a / b and 10/3");
     }
 
     #[test]

@@ -29,11 +29,13 @@
 //! Modules: [`engine`] (session, limits, execution), [`source`] (where data comes from),
 //! [`provider`] (the table scan), [`prune`] (time bounds of filters), [`readonly`] (what
 //! is refused and how), [`render`] (result formats), [`error`] (errors → HTTP status),
-//! [`config`], [`tables`] (the table list).
+//! [`config`], [`tables`] (the table list), [`scope`] (team scoping, scope first),
+//! [`guard`] (statement shape limits and capped string functions).
 
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod guard;
 pub mod provider;
 pub mod prune;
 pub mod readonly;

@@ -150,7 +150,9 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
             api,
             VIEWER,
             "SELECT DISTINCT s.gpu_uuid || '@' || CAST(s.time AS VARCHAR) FROM gpu_samples s JOIN allocations a \
-             ON s.gpu_uuid = a.gpu_uuid AND s.time >= a.start_time AND (a.end_time IS NULL OR s.time < a.end_time) \
+             ON s.gpu_uuid = a.gpu_uuid AND s.time > a.start_time AND (a.end_time IS NULL OR s.time <= a.end_time) \
+             AND ((a.owner_kind IN ('pod', 'slurm_job') AND s.owner_kind = a.owner_kind AND s.owner = a.owner) \
+                  OR (a.owner_kind NOT IN ('pod', 'slurm_job') AND s.owner IS NULL)) \
              WHERE a.team = 'vision'",
         )
         .await,
