@@ -21,6 +21,13 @@ pub struct QueryConfig {
     pub memory_limit_bytes: u64,
     /// Queries running at once; further queries wait in line up to `queue_timeout`.
     pub max_concurrent: usize,
+    /// Of those, how many one principal (a team, or all unscoped clients together) may
+    /// hold at once, so no principal takes every slot; further queries of it wait in
+    /// line up to `queue_timeout` like the rest.
+    pub max_concurrent_per_principal: usize,
+    /// Slots reserved for the server's own passes (ledger, rollups, alerts,
+    /// recommendations, import), on top of `max_concurrent`: clients cannot starve them.
+    pub reserved_internal: usize,
     /// How long a query waits for a free slot before [`crate::QueryError::Busy`].
     #[serde(deserialize_with = "humantime_duration")]
     pub queue_timeout: Duration,
@@ -52,6 +59,8 @@ impl Default for QueryConfig {
             timeout: Duration::from_secs(60),
             memory_limit_bytes: 1 << 30,
             max_concurrent: 4,
+            max_concurrent_per_principal: 2,
+            reserved_internal: 2,
             queue_timeout: Duration::from_secs(2),
             max_result_rows: 1_000_000,
             max_result_bytes: 256 << 20,

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //!  execute(sql)
-//!    slot: semaphore(max_concurrent), wait ≤ queue_timeout ── else Busy (503)
+//!    slot: the principal's share (max_concurrent_per_principal), then one of
+//!          max_concurrent, wait ≤ queue_timeout ─────────────── else Busy (503)
+//!          (the server's own passes: one of reserved_internal)
 //!    └─ timeout(query.timeout) ──────────────────────────────── else Timeout (504)
 //!         state = base session + a fresh memory pool (memory_limit_bytes, no spill)
 //!         parse → check_shape → check_statement → plan → check_plan
@@ -46,7 +48,7 @@ use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionConfig;
 use futures::StreamExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::QueryConfig;
 use crate::error::QueryError;
@@ -63,7 +65,13 @@ use crate::tables::TABLES;
 /// concurrently up to `max_concurrent`.
 pub struct QueryEngine {
     inner: Arc<Inner>,
+    /// Clients' slots (`max_concurrent`).
     slots: Arc<Semaphore>,
+    /// Slots only the server's own passes use (`reserved_internal`), so a client cannot
+    /// starve the ledger, rollups, alerts or recommendations.
+    internal_slots: Arc<Semaphore>,
+    /// Each principal's share of the clients' slots (`max_concurrent_per_principal`).
+    shares: std::sync::Mutex<HashMap<Scope, Arc<Semaphore>>>,
     tables: Vec<&'static str>,
     runtime: ExecRuntime,
 }
@@ -177,6 +185,7 @@ impl QueryEngine {
             .build()
             .map_err(|e| QueryError::Internal { detail: format!("starting the query runtime: {e}") })?;
         let slots = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
+        let internal_slots = Arc::new(Semaphore::new(config.reserved_internal.max(1)));
         Ok(QueryEngine {
             inner: Arc::new(Inner {
                 base: ctx.state(),
@@ -185,6 +194,8 @@ impl QueryEngine {
                 team_sessions: Default::default(),
             }),
             slots,
+            internal_slots,
+            shares: Default::default(),
             tables,
             runtime: ExecRuntime(Some(runtime)),
         })
@@ -231,7 +242,7 @@ impl QueryEngine {
 
     /// [`QueryEngine::execute`] for a principal that may only read `scope`'s rows.
     pub async fn execute_as(&self, sql: &str, scope: &Scope) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, Some(self.inner.config.max_result_rows), scope).await
+        self.execute_capped(sql, Some(self.inner.config.max_result_rows), scope, Caller::Client).await
     }
 
     /// The `gpu_samples_1m` rows of `minutes`, computed from `gpu_samples` alone (never
@@ -239,20 +250,62 @@ impl QueryEngine {
     /// what the materializer stores. Runs under the engine's limits except the result
     /// row cap.
     pub async fn rollup(&self, minutes: rollup::Minutes) -> Result<QueryResult, QueryError> {
-        self.execute_capped(&rollup::rollup_sql(minutes), None, &Scope::All).await
+        self.execute_capped(&rollup::rollup_sql(minutes), None, &Scope::All, Caller::Server).await
     }
 
     /// Runs a query of the server's own (the cost ledger, the weekly report) under the
     /// engine's read-only checks, timeout and memory limit but without the result-row
     /// cap, which is there for clients.
+    /// It runs on the slots reserved for the server's own work.
     pub async fn execute_internal(&self, sql: &str) -> Result<QueryResult, QueryError> {
-        self.execute_internal_as(sql, &Scope::All).await
+        self.execute_capped(sql, None, &Scope::All, Caller::Server).await
     }
 
-    /// [`QueryEngine::execute_internal`] over `scope`'s rows only (a team's weekly
-    /// report).
+    /// [`QueryEngine::execute_internal`] over `scope`'s rows only, for a client's
+    /// request (a weekly report): no result-row cap, but on the client's slots and share.
     pub async fn execute_internal_as(&self, sql: &str, scope: &Scope) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, None, scope).await
+        self.execute_capped(sql, None, scope, Caller::Client).await
+    }
+
+    /// A slot for one query: a client first takes one of its principal's share, then
+    /// one of the shared slots; the server's passes take a reserved one.
+    async fn acquire(&self, scope: &Scope, caller: Caller) -> Result<Vec<OwnedSemaphorePermit>, QueryError> {
+        let config = &self.inner.config;
+        let waiting = Instant::now();
+        let closed = || QueryError::Internal { detail: "the query slots were closed".into() };
+        if caller == Caller::Server {
+            // The server's passes wait as long as a query may run, never Busy.
+            return match tokio::time::timeout(config.timeout, self.internal_slots.clone().acquire_owned()).await {
+                Ok(Ok(p)) => Ok(vec![p]),
+                Ok(Err(_)) => Err(closed()),
+                Err(_) => Err(QueryError::Timeout { timeout: config.timeout }),
+            };
+        }
+        let share = {
+            let mut shares = self.shares.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let per = config.max_concurrent_per_principal.clamp(1, config.max_concurrent.max(1));
+            shares.entry(scope.clone()).or_insert_with(|| Arc::new(Semaphore::new(per))).clone()
+        };
+        let busy = |share: bool| QueryError::Busy {
+            max_concurrent: if share {
+                config.max_concurrent_per_principal.clamp(1, config.max_concurrent.max(1))
+            } else {
+                config.max_concurrent.max(1)
+            },
+            waited: waiting.elapsed(),
+            share,
+        };
+        let mine = match tokio::time::timeout(config.queue_timeout, share.acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return Err(closed()),
+            Err(_) => return Err(busy(true)),
+        };
+        let left = config.queue_timeout.saturating_sub(waiting.elapsed());
+        match tokio::time::timeout(left, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(vec![mine, p]),
+            Ok(Err(_)) => Err(closed()),
+            Err(_) => Err(busy(false)),
+        }
     }
 
     async fn execute_capped(
@@ -260,19 +313,10 @@ impl QueryEngine {
         sql: &str,
         max_rows: Option<usize>,
         scope: &Scope,
+        caller: Caller,
     ) -> Result<QueryResult, QueryError> {
         let config = &self.inner.config;
-        let waiting = Instant::now();
-        let permit = match tokio::time::timeout(config.queue_timeout, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(QueryError::Internal { detail: "the query slots were closed".into() }),
-            Err(_) => {
-                return Err(QueryError::Busy {
-                    max_concurrent: config.max_concurrent.max(1),
-                    waited: waiting.elapsed(),
-                });
-            }
-        };
+        let permit = self.acquire(scope, caller).await?;
         let Some(runtime) = self.runtime.0.as_ref() else {
             return Err(QueryError::Internal { detail: "the query runtime is shut down".into() });
         };
@@ -315,6 +359,14 @@ fn error_id() -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     format!("{:012x}", (nanos ^ (N.fetch_add(1, Ordering::Relaxed) as u64).rotate_left(40)) & 0xffff_ffff_ffff)
+}
+
+/// Who runs a query: a client (on its principal's share of the clients' slots) or the
+/// server's own passes (on the reserved slots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Caller {
+    Client,
+    Server,
 }
 
 struct AbortOnDrop(tokio::task::AbortHandle);

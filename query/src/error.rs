@@ -54,8 +54,10 @@ pub enum QueryError {
     TooManyRows { max: usize },
     #[error("the result is larger than the limit of {}", human_bytes(*.max_bytes))]
     ResultTooLarge { max_bytes: u64 },
-    #[error("server busy: all {max_concurrent} query slots are in use (waited {})", humantime::format_duration(*.waited))]
-    Busy { max_concurrent: usize, waited: Duration },
+    /// Every slot is taken (`share: false`), or this principal already runs its share
+    /// of them (`share: true`).
+    #[error("{}", busy_message(*.max_concurrent, *.waited, *.share))]
+    Busy { max_concurrent: usize, waited: Duration, share: bool },
     #[error("query exceeded the memory limit of {}", human_bytes(*.limit_bytes))]
     MemoryLimit { limit_bytes: u64, detail: String },
     /// Listing or reading the table's files failed.
@@ -124,7 +126,11 @@ impl QueryError {
             QueryError::ResultTooLarge { .. } => {
                 "select fewer columns, add a LIMIT or aggregate; the limit is query.max_result_bytes".to_owned()
             }
-            QueryError::Busy { .. } => "retry shortly; the limit is query.max_concurrent".to_owned(),
+            QueryError::Busy { share: false, .. } => "retry shortly; the limit is query.max_concurrent".to_owned(),
+            QueryError::Busy { share: true, .. } => {
+                "retry when one of your queries has finished; the limit is query.max_concurrent_per_principal"
+                    .to_owned()
+            }
             QueryError::MemoryLimit { detail, .. } => detail.clone(),
             QueryError::Source { detail } | QueryError::Internal { detail } => detail.clone(),
         }
@@ -352,6 +358,15 @@ fn source_error(e: &DataFusionError) -> Option<&SourceError> {
     None
 }
 
+fn busy_message(max: usize, waited: Duration, share: bool) -> String {
+    let waited = humantime::format_duration(waited);
+    if share {
+        format!("server busy: you already run {max} queries, your share of the query slots (waited {waited})")
+    } else {
+        format!("server busy: all {max} query slots are in use (waited {waited})")
+    }
+}
+
 /// `1073741824` → `1 GiB`, `1536` → `1.5 KiB`, `100` → `100 bytes`.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
@@ -408,7 +423,7 @@ mod tests {
         assert_eq!(json["error"], "read-only: INSERT is not allowed");
         assert!(json["detail"].as_str().is_some_and(|d| d.contains("queries only")));
         assert_eq!(QueryError::Timeout { timeout: Duration::from_millis(1500) }.status(), 504);
-        assert_eq!(QueryError::Busy { max_concurrent: 1, waited: Duration::ZERO }.status(), 503);
+        assert_eq!(QueryError::Busy { max_concurrent: 1, waited: Duration::ZERO, share: false }.status(), 503);
         assert_eq!(QueryError::TooManyRows { max: 1 }.status(), 413);
     }
 

@@ -348,6 +348,45 @@ async fn concurrency_cap_answers_busy() {
     slow.abort();
 }
 
+/// One team runs slow queries in every slot it can get: it holds only its share, other
+/// principals and the server's own passes still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_principal_cannot_take_every_slot() {
+    let (_dir, store) = fixture();
+    let config = QueryConfig {
+        max_concurrent: 4,
+        max_concurrent_per_principal: 2,
+        queue_timeout: Duration::from_millis(200),
+        timeout: Duration::from_secs(30),
+        ..QueryConfig::default()
+    };
+    let e = Arc::new(engine(store, config));
+    let team = apron_query::Scope::Team(apron_common::TeamName::new("vision").expect("team"));
+    let slow = "SELECT count(*) FROM generate_series(1, 1000000000000)";
+    let hogs: Vec<_> = (0..2)
+        .map(|_| {
+            let (e, team) = (e.clone(), team.clone());
+            tokio::spawn(async move { e.execute_as(slow, &team).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.running() < 2 {
+        assert!(Instant::now() < deadline, "the slow queries never started");
+        tokio::task::yield_now().await;
+    }
+    // A third from the same team: its share is used up.
+    let err = e.execute_as(slow, &team).await.expect_err("over its share");
+    assert!(matches!(err, QueryError::Busy { share: true, .. }), "{err:?}");
+    assert_eq!(err.status(), 503);
+    assert!(err.detail().contains("max_concurrent_per_principal"), "{}", err.detail());
+    // Everyone else still gets an answer, and so do the server's passes.
+    assert_eq!(e.execute("SELECT 1").await.expect("viewer").num_rows(), 1);
+    assert_eq!(e.execute_internal("SELECT 1").await.expect("server pass").num_rows(), 1);
+    for h in hogs {
+        h.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn result_row_cap() {
     let (_dir, store) = fixture();
