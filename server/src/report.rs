@@ -320,6 +320,17 @@ pub async fn produce(
     Ok((render(&fresh, format)?, changed))
 }
 
+/// The first hour of `gpu_cost_hourly` that `scope` can see, if any.
+async fn first_hour(engine: &QueryEngine, scope: &Scope) -> Result<Option<i64>, String> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::TimestampMicrosecondType;
+    let r = engine.execute_as("SELECT min(hour) FROM gpu_cost_hourly", scope).await.map_err(|e| e.to_string())?;
+    Ok(r.batches.first().and_then(|b| {
+        let c = b.column(0).as_primitive_opt::<TimestampMicrosecondType>()?;
+        (b.num_rows() > 0 && !c.is_null(0)).then(|| c.value(0))
+    }))
+}
+
 #[derive(Clone)]
 struct ReportState {
     engine: std::sync::Arc<QueryEngine>,
@@ -388,13 +399,38 @@ async fn weekly(
         }
     };
     let book = state.ledger.as_ref().and_then(|l| l.price_book());
-    let produced = match &scope {
-        Scope::All => produce(&state.engine, book, &state.data_dir, week, format, false, state.share, now)
-            .await
-            .map(|(files, _)| files),
+    let stored = match scope {
+        Scope::All => load_stored(&state.data_dir, week, format),
+        Scope::Team(_) => None,
+    };
+    if stored.is_none() {
+        // A week outside the data is nobody's report: 404, and nothing is computed or
+        // written for it (any of ~18,000 weeks since 1678 could be asked for).
+        // No cost table yet (or it cannot be read): only this week and the last one exist.
+        let first = first_hour(&state.engine, &scope).await.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "no first hour of gpu_cost_hourly");
+            None
+        });
+        let earliest = first.unwrap_or(i64::MAX).min(current_week(now).map_or(now, |w| w.previous().start_us()));
+        if week.end_us() <= earliest || week.start_us() > now {
+            return json_error(
+                StatusCode::NOT_FOUND,
+                "no_such_week",
+                &format!("{week} is outside the stored data (from its first hour to this week)"),
+            );
+        }
+    }
+    let produced = match (&scope, stored) {
+        (Scope::All, Some(files)) => Ok(files),
+        // A request reads; it never stores a week (the schedule's delivery does, and
+        // `apron report`), so a week viewed early still shows data that arrives later.
+        (Scope::All, None) => match build(&state.engine, book, week, state.share, now, &scope).await {
+            Ok(report) => render(&report, format),
+            Err(e) => Err(e),
+        },
         // A team's report is built from its rows each time and never stored: the stored
         // report of a finished week is the fleet's.
-        Scope::Team(_) => match build(&state.engine, book, week, state.share, now, &scope).await {
+        (Scope::Team(_), _) => match build(&state.engine, book, week, state.share, now, &scope).await {
             Ok(report) => render(&report, format),
             Err(e) => Err(e),
         },

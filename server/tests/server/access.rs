@@ -268,6 +268,25 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
     assert!(!report.to_string().contains("\"nlp\""), "a team's report holds its own rows only: {report}");
     assert!(report.to_string().contains("\"vision\""), "{report}");
 
+    // A week outside the data: 404, and nothing is written for it.
+    let (status, v) = call(api, "GET", "/api/v1/reports/weekly?week=1971-W07", VIEWER, "").await;
+    assert_eq!((status, v["error"].as_str()), (404, Some("no_such_week")), "{v}");
+    assert!(!data_dir.join("reports").join("1971-W07").exists(), "a 404 week stores nothing");
+    let (status, _) = call(api, "GET", "/api/v1/reports/weekly?week=2999-W01", VISION, "").await;
+    assert_eq!(status, 404);
+
+    // EXPLAIN shows a team the scope as one leaf: no files, paths or row counts of what
+    // the scope reads.
+    for q in
+        ["EXPLAIN SELECT * FROM gpu_samples WHERE gpu_util > 0", "EXPLAIN ANALYZE SELECT count(*) FROM gpu_samples"]
+    {
+        let (status, v) = call(api, "POST", "/api/v1/sql", VISION, q).await;
+        let text = v.to_string();
+        assert_eq!(status, 200, "{q}: {text}");
+        assert!(text.contains("ScopedScan: table=gpu_samples, team=vision"), "{q}: {text}");
+        assert!(!text.contains(".parquet") && !text.contains(&data_dir.display().to_string()), "{q}: {text}");
+    }
+
     // Roles: an agent token cannot read; a team token cannot ingest; no token, 401.
     let (status, v) = call(api, "POST", "/api/v1/sql", AGENT, "SELECT 1").await;
     assert_eq!((status, v["error"].as_str()), (403, Some("forbidden")), "{v}");
