@@ -15,7 +15,11 @@
 //!   for a request head, so it is also the idle keep-alive timeout. Request bodies:
 //!   [`ServeOptions::body_read_timeout`] applies tower-http's `RequestBodyTimeoutLayer`
 //!   (the body must make progress at least once per interval; reading it then fails, so
-//!   the handler's body extractor answers with an error). Optionally, at most
+//!   the handler's body extractor answers with an error), and
+//!   [`ServeOptions::body_total_timeout`] bounds the whole body from the moment the
+//!   request head has arrived (reading fails with [`BodyDeadlineExceeded`]): a client
+//!   that trickles a byte now and then, never long enough apart for the first, is cut
+//!   off by the second. Optionally, at most
 //!   [`ServeOptions::max_connections`] connections at once: over it, a new connection is
 //!   closed at once and counted ([`ServeStats::rejected`]).
 //! - **Graceful shutdown**: when `shutdown` resolves the listener is closed, idle
@@ -51,7 +55,7 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How [`serve`] treats connections. `Default` is plain HTTP, 10 s handshake and header
-/// timeouts, no body timeout, no connection limit, 10 s to drain at shutdown.
+/// timeouts, no body timeouts, no connection limit, 10 s to drain at shutdown.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// TLS settings (e.g. [`crate::tls::TlsConfig::server_config`]); `None`: plain HTTP.
@@ -63,6 +67,9 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// The longest a request body may go without delivering data; `None`: no limit.
     pub body_read_timeout: Option<Duration>,
+    /// The longest a whole request body may take, counted from the end of the request
+    /// head; `None`: no limit.
+    pub body_total_timeout: Option<Duration>,
     /// Connections served at once; `None`: no limit.
     pub max_connections: Option<usize>,
     /// At shutdown, how long requests in flight may take to finish.
@@ -78,6 +85,7 @@ impl Default for ServeOptions {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: None,
+            body_total_timeout: None,
             max_connections: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             stats: Arc::default(),
@@ -133,6 +141,22 @@ impl ServeStats {
     }
 }
 
+/// The listen backlog of [`bind`]. The kernel caps it at `net.core.somaxconn` (4096 by
+/// default since Linux 5.4).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a listener as `TcpListener::bind` does (`SO_REUSEADDR`), but with a backlog of
+/// [`LISTEN_BACKLOG`] instead of the standard library's 128: in a burst of connects (a
+/// fleet reconnecting, a flood) that the accept loop has not caught up with, a full
+/// accept queue makes the kernel drop SYNs, the health probe's among them, and clients
+/// only retry after a second. Call it inside a Tokio runtime.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains (see the module
 /// documentation). The caller binds the listener (port 0 works) and logs its address.
 pub async fn serve(
@@ -143,6 +167,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = match options.body_read_timeout {
         Some(t) => app.layer(RequestBodyTimeoutLayer::new(t)),
+        None => app,
+    };
+    let app = match options.body_total_timeout {
+        Some(total) => app.layer(tower::util::MapRequestLayer::new(move |req: Request<axum::body::Body>| {
+            with_body_deadline(req, total)
+        })),
         None => app,
     };
     let acceptor = options.tls.as_ref().map(|c| TlsAcceptor::from(with_http_alpn(c)));
@@ -241,6 +271,59 @@ fn with_http_alpn(config: &Arc<rustls::ServerConfig>) -> Arc<rustls::ServerConfi
     let mut c = (**config).clone();
     c.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(c)
+}
+
+/// What reading a request body fails with once [`ServeOptions::body_total_timeout`] has
+/// passed since its request head arrived. Handlers find it in the error's source chain
+/// to answer 408 rather than 400.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {} of its request head", humanize(*.0))]
+pub struct BodyDeadlineExceeded(pub Duration);
+
+/// Gives the request's body a deadline `total` from now (the head has just arrived).
+/// Bodiless requests (GET, `Content-Length: 0`) are left as they are.
+fn with_body_deadline(req: Request<axum::body::Body>, total: Duration) -> Request<axum::body::Body> {
+    use hyper::body::Body as _;
+    if req.body().is_end_stream() {
+        return req;
+    }
+    let deadline = tokio::time::Instant::now() + total;
+    req.map(|inner| {
+        axum::body::Body::new(DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep_until(deadline)), total })
+    })
+}
+
+/// A request body that fails once its deadline has passed, however steadily (or
+/// slowly) bytes keep coming: tower-http's `TimeoutBody` only bounds the gaps.
+struct DeadlineBody {
+    inner: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    total: Duration,
+}
+
+impl hyper::body::Body for DeadlineBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        // The deadline first: a client cannot extend it by always having a byte ready.
+        // Polling the timer also registers the wake-up, so a stalled body fails on time.
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Some(Err(Box::new(BodyDeadlineExceeded(self.total)))));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The router, with the peer address put into every request.
@@ -381,7 +464,8 @@ mod tests {
     }
 
     async fn start(options: ServeOptions) -> Running {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        // The production bind (deep backlog), as `apron serve` binds.
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let stats = options.stats.clone();
@@ -591,6 +675,54 @@ mod tests {
             .expect("read");
         let resp = String::from_utf8_lossy(&out);
         assert!(resp.starts_with("HTTP/1.1 4") || resp.starts_with("HTTP/1.1 5"), "an error status: {resp}");
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_trickled_body_is_cut_off_at_the_total_deadline() {
+        let total = Duration::from_millis(600);
+        let server = start(ServeOptions {
+            body_read_timeout: Some(Duration::from_millis(400)),
+            body_total_timeout: Some(total),
+            ..Default::default()
+        })
+        .await;
+        // A prompt body is unaffected.
+        let mut s = TcpStream::connect(server.addr).await.expect("connect");
+        s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.expect("read");
+        let resp = String::from_utf8_lossy(&out);
+        assert!(resp.starts_with("HTTP/1.1 200") && resp.ends_with("abc"), "{resp}");
+
+        // One byte every 100 ms never trips the 400 ms gap timeout; the total deadline
+        // ends it.
+        let started = Instant::now();
+        let mut s = TcpStream::connect(server.addr).await.expect("connect");
+        s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let (mut rd, mut wr) = s.into_split();
+        let trickle = tokio::spawn(async move {
+            for _ in 0..50 {
+                if wr.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut out))
+            .await
+            .expect("answered in time")
+            .expect("read");
+        let took = started.elapsed();
+        let resp = String::from_utf8_lossy(&out);
+        assert!(resp.starts_with("HTTP/1.1 4"), "an error status: {resp}");
+        assert!(took >= total && took < total * 3, "cut off after {took:?}");
+        trickle.abort();
         server.stop().await;
     }
 

@@ -149,6 +149,8 @@ impl QueryEngine {
             .with_default_features()
             // No `CREATE EXTERNAL TABLE` handlers, even if a plan got past the checks.
             .with_table_factories(Default::default())
+            // Row-multiplying joins yield, so a cancelled query really stops.
+            .with_physical_optimizer_rule(Arc::new(guard::YieldInJoins))
             .build();
         let max_string = usize::try_from(config.max_string_result_bytes).unwrap_or(usize::MAX);
         guard::capped_functions(&mut state, max_string).map_err(df_err)?;

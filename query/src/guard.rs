@@ -16,6 +16,13 @@
 //!   past `[query] max_string_result_bytes` (per result array, i.e. per batch). Since
 //!   every step of a chain (`s || s` over CTE levels) is bounded, so is the chain.
 //!   Aggregates (`string_agg`, `array_agg`) are already counted by the memory pool.
+//! - **Joins that yield** ([`YieldInJoins`]): a nested-loop or cross join emits batch
+//!   after batch from its buffered side without polling its input, so nothing in the
+//!   task ever returned `Pending`: a timed-out (aborted) query went on computing on the
+//!   engine's threads, starving every other query for as long as the join ran (hours,
+//!   for `generate_series(1, 1e6)` × itself). Every join's output is wrapped in
+//!   DataFusion's `CooperativeExec`, which spends the task's tokio budget per batch, so
+//!   the task yields every few batches and an abort takes effect at once.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -24,6 +31,8 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::kernels::concat_elements::concat_elements_dyn;
 use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, Result as DfResult, ScalarValue, exec_err};
 use datafusion::execution::FunctionRegistry;
 use datafusion::execution::context::SessionState;
@@ -32,6 +41,9 @@ use datafusion::logical_expr::{
     ColumnarValue, Documentation, Expr, ExprSchemable, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
     Signature, Volatility,
 };
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     BinaryOperator, Expr as SqlExpr, Query, SetExpr, Statement as SqlStatement, TableFactor, Visit, Visitor,
@@ -148,6 +160,42 @@ impl Visitor for Meter {
     fn post_visit_expr(&mut self, _e: &SqlExpr) -> ControlFlow<ShapeViolation> {
         self.depth -= 1;
         ControlFlow::Continue(())
+    }
+}
+
+/// A physical optimizer rule (appended after DataFusion's own): every join's output goes
+/// through a [`CooperativeExec`], so a join that multiplies rows spends the task's
+/// budget and yields (see the module docs).
+#[derive(Debug, Default)]
+pub struct YieldInJoins;
+
+const JOINS: &[&str] = &[
+    "NestedLoopJoinExec",
+    "CrossJoinExec",
+    "HashJoinExec",
+    "SortMergeJoinExec",
+    "SymmetricHashJoinExec",
+    "PiecewiseMergeJoinExec",
+];
+
+impl PhysicalOptimizerRule for YieldInJoins {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            if JOINS.contains(&node.name()) {
+                Ok(Transformed::yes(Arc::new(CooperativeExec::new(node)) as Arc<dyn ExecutionPlan>))
+            } else {
+                Ok(Transformed::no(node))
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "apron_yield_in_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
     }
 }
 

@@ -387,6 +387,21 @@ async fn one_principal_cannot_take_every_slot() {
     }
 }
 
+/// A cross join emits batch after batch from its buffered side without polling its
+/// input; unless it yields, a query cancelled at its timeout goes on computing on the
+/// engine's only thread and the next query cannot run at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_cross_join_lets_go_of_the_engine() {
+    let (_dir, store) = fixture();
+    let config = QueryConfig { timeout: Duration::from_secs(2), target_partitions: 1, ..QueryConfig::default() };
+    let e = engine(store, config);
+    let join = "SELECT count(*) FROM generate_series(1, 1000000) a CROSS JOIN generate_series(1, 1000000) b";
+    let err = e.execute(join).await.expect_err("timeout");
+    assert_eq!(err.code(), "timeout", "{err}");
+    // The engine's one thread is free again: the next query answers within its timeout.
+    assert_eq!(e.execute("SELECT 1 + 1").await.expect("the engine is free").num_rows(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn result_row_cap() {
     let (_dir, store) = fixture();

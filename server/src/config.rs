@@ -5,7 +5,8 @@
 //! [server]
 //! listen = "127.0.0.1:9402"          # loopback by default; port 0 picks a free port
 //! header_read_timeout = "10s"        # slow clients cannot hold connections
-//! body_read_timeout = "60s"
+//! body_read_timeout = "60s"          # longest gap in a request body
+//! body_total_timeout = "60s"         # longest a whole request body may take
 //! max_connections = 4096
 //! [server.tls]                       # HTTPS (and the pg port's TLS unless [pg.tls])
 //! cert_file = "/etc/apron/tls/server.crt"
@@ -37,6 +38,12 @@
 //! [cost.teams]                       # team maps, workload-kind and interruptible rules
 //! enabled = true
 //! interval = "1m"
+//!
+//! [pg]                               # the PostgreSQL port (crate::pg)
+//! listen = "127.0.0.1:5433"
+//! users = [{ name = "grafana", password_file = "/etc/apron/pg/grafana" }]
+//! max_connections = 256              # more are closed at accept
+//! auth_timeout = "10s"               # startup + authentication, or closed
 //!
 //! [report]                           # the weekly report schedule (crate::schedule)
 //! [report.email]                     # SMTP delivery
@@ -140,6 +147,11 @@ pub struct PgSection {
     /// TLS for PostgreSQL clients (`sslmode=require`); without it, `[server.tls]`'s
     /// certificate is used when the server has one.
     pub tls: Option<TlsConfig>,
+    /// Connections at once; more are closed at accept (default 256).
+    pub max_connections: Option<i64>,
+    /// A connection must finish TLS, startup and authentication within this (default
+    /// 10s), or it is closed.
+    pub auth_timeout: Option<String>,
 }
 
 /// One PostgreSQL user: a password inline or (better) in a file.
@@ -172,8 +184,10 @@ pub struct ServerSection {
     pub tls: Option<TlsConfig>,
     /// A client must send its request headers within this (default 10s).
     pub header_read_timeout: Option<String>,
-    /// … and its body within this (default 60s).
+    /// … and its body without a gap longer than this (default 60s) …
     pub body_read_timeout: Option<String>,
+    /// … and all of its body within this of the head (default 60s).
+    pub body_total_timeout: Option<String>,
     /// Open connections at once; more are closed at accept (default 4096).
     pub max_connections: Option<i64>,
 }
@@ -211,12 +225,15 @@ pub struct Overrides {
     pub pg_listen: Option<String>,
 }
 
-/// The PostgreSQL listener: address, users and TLS.
+/// The PostgreSQL listener: address, users, TLS and its connection limits (the SQL
+/// text limit is `[sql] max_body_bytes`, shared with HTTP: [`HttpOptions::max_sql_bytes`]).
 #[derive(Debug, Clone)]
 pub struct PgListen {
     pub addr: SocketAddr,
     pub users: Vec<crate::pg::PgUser>,
     pub tls: Option<TlsConfig>,
+    pub max_connections: usize,
+    pub auth_timeout: Duration,
 }
 
 /// The HTTP listener's transport settings.
@@ -224,9 +241,12 @@ pub struct PgListen {
 pub struct HttpOptions {
     pub tls: Option<TlsConfig>,
     pub header_read_timeout: Duration,
+    /// The longest gap in a request body.
     pub body_read_timeout: Duration,
+    /// The longest a whole request body may take.
+    pub body_total_timeout: Duration,
     pub max_connections: usize,
-    /// Largest SQL text (`POST /api/v1/sql`).
+    /// Largest SQL text (`POST /api/v1/sql` and the PostgreSQL port).
     pub max_sql_bytes: usize,
 }
 
@@ -236,6 +256,7 @@ impl Default for HttpOptions {
             tls: None,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(60),
+            body_total_timeout: Duration::from_secs(60),
             max_connections: 4096,
             max_sql_bytes: 1 << 20,
         }
@@ -461,6 +482,10 @@ fn resolve_http(server: ServerSection, max_sql: Option<ByteSize>) -> Result<Http
             Some(t) => parse_timeout("server.body_read_timeout", &t)?,
             None => d.body_read_timeout,
         },
+        body_total_timeout: match server.body_total_timeout {
+            Some(t) => parse_timeout("server.body_total_timeout", &t)?,
+            None => d.body_total_timeout,
+        },
         max_connections: match server.max_connections {
             None => d.max_connections,
             Some(n) if (1..=1_000_000).contains(&n) => usize::try_from(n).unwrap_or(d.max_connections),
@@ -524,6 +549,15 @@ fn resolve_pg(
         }
         users.push(crate::pg::PgUser { name: u.name, password, role });
     }
+    let max_connections = match pg.max_connections {
+        None => crate::pg::DEFAULT_MAX_CONNECTIONS,
+        Some(n) if (1..=100_000).contains(&n) => usize::try_from(n).unwrap_or(crate::pg::DEFAULT_MAX_CONNECTIONS),
+        Some(n) => return Err(invalid("pg.max_connections", n.to_string(), "between 1 and 100000")),
+    };
+    let auth_timeout = match &pg.auth_timeout {
+        Some(t) => parse_timeout("pg.auth_timeout", t)?,
+        None => crate::pg::DEFAULT_AUTH_TIMEOUT,
+    };
     let listen = listen.or(pg.listen);
     if users.is_empty() {
         if let Some(l) = listen {
@@ -534,7 +568,7 @@ fn resolve_pg(
     let text = listen.unwrap_or_else(|| "127.0.0.1:5433".to_owned());
     let addr: SocketAddr =
         text.parse().map_err(|_| invalid("pg.listen", &text, "an address such as 127.0.0.1:5433"))?;
-    Ok(Some(PgListen { addr, users, tls: pg.tls.or_else(|| server_tls.cloned()) }))
+    Ok(Some(PgListen { addr, users, tls: pg.tls.or_else(|| server_tls.cloned()), max_connections, auth_timeout }))
 }
 
 #[cfg(test)]
@@ -562,6 +596,18 @@ mod tests {
         assert_eq!(c.ingest.max_body_bytes, 64 << 20);
         assert_eq!(c.ingest.clock_skew_threshold, Duration::from_secs(30));
         assert_eq!(c.store, StoreConfig::default());
+        assert_eq!(
+            (c.http.body_read_timeout, c.http.body_total_timeout),
+            (Duration::from_secs(60), Duration::from_secs(60))
+        );
+        assert_eq!((c.http.max_connections, c.http.max_sql_bytes), (4096, 1 << 20));
+        let c = resolve(
+            "[ingest]\ntokens = [\"0123456789abcdef\"]\n[pg]\nusers = [{ name = \"a\", password = \"password-1\" }]\n",
+            Overrides::default(),
+        )
+        .expect("valid");
+        let pg = c.pg.expect("pg");
+        assert_eq!((pg.max_connections, pg.auth_timeout), (256, Duration::from_secs(10)));
     }
 
     #[test]
@@ -599,8 +645,9 @@ vision-token-0123456789
              [sql]\ntokens = [\"viewer-token-0123456789\"]\nmax_body_bytes = \"4KiB\"\n\
              [[tokens]]\nrole = \"team:vision\"\ntoken_file = {:?}\n\
              [[tokens]]\nrole = \"admin\"\ntoken = \"admin-token-0123456789\"\n\
-             [server]\nheader_read_timeout = \"2s\"\nmax_connections = 10\n\
-             [pg]\nusers = [{{ name = \"v\", password = \"password-1\", role = \"team:vision\" }}, {{ name = \"f\", password = \"password-2\" }}]\n",
+             [server]\nheader_read_timeout = \"2s\"\nmax_connections = 10\nbody_total_timeout = \"30s\"\n\
+             [pg]\nusers = [{{ name = \"v\", password = \"password-1\", role = \"team:vision\" }}, {{ name = \"f\", password = \"password-2\" }}]\n\
+             max_connections = 8\nauth_timeout = \"2s\"\n",
             file.display().to_string()
         );
         let c = resolve(&text, Overrides::default()).expect("valid");
@@ -610,7 +657,10 @@ vision-token-0123456789
         assert_eq!(c.ingest.max_requests_per_agent, None, "0 turns the rate limit off");
         assert_eq!((c.http.max_sql_bytes, c.http.max_connections), (4096, 10));
         assert_eq!(c.http.header_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.http.body_total_timeout, Duration::from_secs(30));
+        assert_eq!(c.http.body_read_timeout, Duration::from_secs(60), "the default");
         let pg = c.pg.expect("pg");
+        assert_eq!((pg.max_connections, pg.auth_timeout), (8, Duration::from_secs(2)));
         assert_eq!(pg.users[0].role.to_string(), "team:vision");
         assert_eq!(pg.users[1].role.to_string(), "viewer", "the default role");
 
@@ -631,6 +681,10 @@ vision-token-0123456789
                 .contains("agents cannot query")
         );
         assert!(err("[server]\nheader_read_timeout = \"forever\"\n").contains("server.header_read_timeout"));
+        assert!(err("[server]\nbody_total_timeout = \"10ms\"\n").contains("server.body_total_timeout"));
+        let pg_user = "[pg]\nusers = [{ name = \"a\", password = \"password-1\" }]\n";
+        assert!(err(&format!("{pg_user}max_connections = 0\n")).contains("pg.max_connections"));
+        assert!(err(&format!("{pg_user}auth_timeout = \"never\"\n")).contains("pg.auth_timeout"));
         assert!(err("max_requests_per_agent = -1\n").contains("ingest.max_requests_per_agent"));
         // A team or viewer token alone cannot ingest: the server still needs an agent token.
         let e = resolve("[[tokens]]\nrole = \"viewer\"\ntoken = \"viewer-token-0123456789\"\n", Overrides::default());

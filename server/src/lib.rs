@@ -150,6 +150,7 @@ pub struct Server {
     recommender: Option<Arc<recommend::Recommender>>,
     insights: Router,
     pg: Option<(tokio::net::TcpListener, pg::PgAuth, Option<Arc<rustls::ServerConfig>>)>,
+    pg_limits: pg::PgLimits,
     scrapers: Vec<scrape::Scraper>,
     http: config::HttpOptions,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -231,6 +232,7 @@ impl Server {
             recommender: None,
             insights: insights::router(None, None, access.clone()),
             pg: None,
+            pg_limits: pg::PgLimits::default(),
             scrapers: Vec::new(),
         })
     }
@@ -307,15 +309,32 @@ impl Server {
         self
     }
 
+    /// The PostgreSQL port's connection limits (default: 256 connections, 10 s to
+    /// authenticate). Its SQL text limit is HTTP's ([`Server::with_http`]).
+    pub fn with_pg_limits(mut self, max_connections: usize, auth_timeout: Duration) -> Server {
+        self.pg_limits.max_connections = max_connections;
+        self.pg_limits.auth_timeout = auth_timeout;
+        self
+    }
+
+    /// The PostgreSQL port's counters (connections refused, authentication timeouts,
+    /// oversized queries).
+    pub fn pg_stats(&self) -> &Arc<pg::PgStats> {
+        &self.pg_limits.stats
+    }
+
     /// The HTTP listener's TLS, timeouts and limits (default: plain HTTP, 10 s to send
-    /// the headers, 60 s the body, 4096 connections, 1 MiB of SQL). The certificate and
-    /// key are loaded here, so a bad one stops the start.
+    /// the headers, 60 s the body (and no gap longer than 60 s in it), 4096
+    /// connections, 1 MiB of SQL, on the PostgreSQL port too). The certificate and key
+    /// are loaded here, so a bad one stops the start.
     pub fn with_http(mut self, http: config::HttpOptions) -> Result<Server, ServerError> {
         self.tls = match &http.tls {
             Some(t) => Some(t.server_config().map_err(|e| ServerError::Tls(format!("[server.tls]: {e}")))?),
             None => None,
         };
         self.sql = sql::router(self.engine.clone(), self.access.clone(), http.max_sql_bytes);
+        // One SQL text limit for both ways in.
+        self.pg_limits.max_sql_bytes = http.max_sql_bytes;
         self.http = http;
         Ok(self)
     }
@@ -425,6 +444,7 @@ impl Server {
             tls: self.tls.clone(),
             header_read_timeout: self.http.header_read_timeout,
             body_read_timeout: Some(self.http.body_read_timeout),
+            body_total_timeout: Some(self.http.body_total_timeout),
             max_connections: Some(self.http.max_connections),
             drain_timeout: DRAIN_TIMEOUT,
             ..Default::default()
@@ -453,7 +473,7 @@ impl Server {
             if let Ok(a) = listener.local_addr() {
                 tracing::info!(%a, ?auth, tls = tls.is_some(), "serving the PostgreSQL wire protocol");
             }
-            AbortOnDrop(tokio::spawn(pg::serve(listener, self.engine.clone(), auth, tls)))
+            AbortOnDrop(tokio::spawn(pg::serve_with(listener, self.engine.clone(), auth, tls, self.pg_limits.clone())))
         });
         let scrapers: Vec<AbortOnDrop> =
             std::mem::take(&mut self.scrapers).into_iter().map(|s| AbortOnDrop(tokio::spawn(s.run()))).collect();
@@ -463,7 +483,7 @@ impl Server {
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = self.router();
-        // Slow clients are cut off by the header and body read timeouts; the accept
+        // Slow clients are cut off by the header and body timeouts; the accept
         // loop drains requests in flight for up to DRAIN_TIMEOUT at shutdown.
         let mut serving = tokio::spawn(apron_common::serve::serve(listener, router, options, async move {
             let _ = stopped.await;

@@ -206,8 +206,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             let config =
                 file.resolve(Overrides { listen: http, data_dir: data, ingest_token, sql_token, pg_listen: pg })?;
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind(config.listen)
-                    .await
+                // A deep accept queue: a burst of connections must not crowd out probes.
+                let listener = apron_common::serve::bind(config.listen)
                     .with_context(|| format!("cannot listen on {}", config.listen))?;
                 let addr = listener.local_addr()?;
                 let (store, ingest, query, rollup, cost) =
@@ -215,15 +215,14 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let (report, alerts, recommend, scrape) = (config.report, config.alerts, config.recommend, config.scrape);
                 let pg = match config.pg {
                     Some(p) => {
-                        let l = tokio::net::TcpListener::bind(p.addr)
-                            .await
+                        let l = apron_common::serve::bind(p.addr)
                             .with_context(|| format!("cannot listen on {} for PostgreSQL clients", p.addr))?;
                         let tls = p.tls.as_ref().map(|t| t.server_config()).transpose().context("[pg.tls]")?;
-                        Some((l, apron::pg::PgAuth::Password(p.users.into()), tls))
+                        Some((l, apron::pg::PgAuth::Password(p.users.into()), tls, p.max_connections, p.auth_timeout))
                     }
                     None => None,
                 };
-                let pg_addr = pg.as_ref().and_then(|(l, _, _)| l.local_addr().ok());
+                let pg_addr = pg.as_ref().and_then(|(l, ..)| l.local_addr().ok());
                 if !config.credentials.iter().any(|c| c.role.read_scope().is_some()) {
                     tracing::warn!("no token may read ([[tokens]] with role viewer, team:<name> or admin; [sql] tokens; APRON_SQL_TOKEN): SQL, alerts, recommendations and reports refuse every request");
                 }
@@ -239,7 +238,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .with_scrape(scrape)?
                     .with_http(http)?;
                 let server = match pg {
-                    Some((l, auth, tls)) => server.with_pg(l, auth, tls),
+                    Some((l, auth, tls, max_connections, auth_timeout)) => {
+                        server.with_pg(l, auth, tls).with_pg_limits(max_connections, auth_timeout)
+                    }
                     None => server,
                 };
                 if let Some(a) = pg_addr {

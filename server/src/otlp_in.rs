@@ -26,8 +26,8 @@ use apron_common::UnixMicros;
 use apron_import::{ImportOptions, Importer};
 use apron_query::QueryEngine;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
@@ -140,8 +140,11 @@ pub fn points(req: &ExportMetricsServiceRequest) -> Vec<Point> {
     out
 }
 
-async fn export(State(s): State<OtlpState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err((status, detail)) = s.ingest.authorize_ingest(&headers) {
+async fn export(State(s): State<OtlpState>, request: Request) -> Response {
+    // Authenticated from the request head alone: a client without a token never makes
+    // the server read (or wait for) a body.
+    let headers = request.headers();
+    if let Err((status, detail)) = s.ingest.authorize_ingest(headers) {
         return json_error(status, "unauthorized", detail);
     }
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -152,6 +155,18 @@ async fn export(State(s): State<OtlpState>, headers: HeaderMap, body: Bytes) -> 
             "OTLP/JSON is not accepted: send application/x-protobuf",
         );
     }
+    // The same extractor (and default body limit) as before, only after the check.
+    let body = match Bytes::from_request(request, &()).await {
+        Ok(b) => b,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the OTLP request exceeds the ingest body limit",
+            );
+        }
+        Err(rejection) => return json_error(rejection.status(), "body_unreadable", &rejection.body_text()),
+    };
     if body.len() > s.ingest.max_body_bytes() {
         return json_error(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -6,6 +6,11 @@
 //! reads its team's rows only) and the limits on the plan; this module only
 //! authenticates, negotiates and maps `QueryError` to its status in the contract's
 //! `{"error", "detail"}` shape.
+//!
+//! Everything that can be decided from the request head is decided before the body is
+//! read: the bearer token (401/403), `Accept` (406) and a declared `Content-Length` over
+//! `[sql] max_body_bytes` (413). The body is then read up to that limit (413 beyond),
+//! within the server's body timeouts (408).
 
 use std::sync::Arc;
 
@@ -14,44 +19,79 @@ use apron_collector::http::json_error;
 use crate::access::Access;
 use apron_query::{Format, QueryEngine, QueryError};
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use futures::StreamExt;
 
 #[derive(Clone)]
 struct SqlState {
     engine: Arc<QueryEngine>,
     access: Access,
+    max_sql_bytes: usize,
 }
 
 /// The SQL routes, merged into the server's app.
 pub fn router(engine: Arc<QueryEngine>, access: Access, max_sql_bytes: usize) -> Router {
-    Router::new()
-        .route("/api/v1/sql", post(sql).layer(axum::extract::DefaultBodyLimit::max(max_sql_bytes)))
-        .with_state(SqlState { engine, access })
+    Router::new().route("/api/v1/sql", post(sql)).with_state(SqlState { engine, access, max_sql_bytes })
 }
 
-async fn sql(
-    State(state): State<SqlState>,
-    headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    let scope = match state.access.read_scope(&headers) {
+/// The answer to a body over `sql.max_body_bytes` (HTTP and, in spirit, the pg port).
+fn too_large() -> Response {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "the SQL text is larger than the server's limit (sql.max_body_bytes)",
+    )
+}
+
+/// Reads the SQL text, at most `max` bytes. Called only once the caller is known: an
+/// unauthenticated client never makes the server read (or buffer, or wait for) a body.
+async fn read_body(headers: &HeaderMap, body: axum::body::Body, max: usize) -> Result<Vec<u8>, Response> {
+    // A declared length over the limit is refused before a byte of it is read.
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let mut text = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| body_error(&e))?;
+        if text.len() + chunk.len() > max {
+            return Err(too_large());
+        }
+        text.extend_from_slice(&chunk);
+    }
+    Ok(text)
+}
+
+/// A body that could not be read: 408 when a body timeout cut it off (the connection
+/// closes after the answer), else 400.
+fn body_error(e: &axum::Error) -> Response {
+    let mut chain = std::iter::successors(Some(e as &(dyn std::error::Error + 'static)), |e| e.source());
+    let timeout = chain.find_map(|e| {
+        if let Some(d) = e.downcast_ref::<apron_common::serve::BodyDeadlineExceeded>() {
+            Some(format!("{d} (server.body_total_timeout)"))
+        } else if e.is::<tower_http::timeout::TimeoutError>() {
+            Some("the request body stalled longer than the server allows (server.body_read_timeout)".to_owned())
+        } else {
+            None
+        }
+    });
+    match timeout {
+        Some(detail) => json_error(StatusCode::REQUEST_TIMEOUT, "body_timeout", &detail),
+        None => json_error(StatusCode::BAD_REQUEST, "invalid_body", &format!("the body could not be read: {e}")),
+    }
+}
+
+async fn sql(State(state): State<SqlState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    // The token first, from the head alone: a client without one costs no body read.
+    let scope = match state.access.read_scope(headers) {
         Ok(scope) => scope,
         Err(answer) => return *answer,
-    };
-    let body = match body {
-        Ok(b) => b,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return json_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                "the SQL text is larger than the server's limit (sql.max_body_bytes)",
-            );
-        }
-        Err(rejection) => return json_error(StatusCode::BAD_REQUEST, "invalid_body", &rejection.body_text()),
     };
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let Some(format) = Format::from_accept(accept) else {
@@ -60,6 +100,10 @@ async fn sql(
             "not_acceptable",
             "Accept one of application/json, text/csv, application/vnd.apache.arrow.stream, application/vnd.apache.parquet",
         );
+    };
+    let body = match read_body(headers, body, state.max_sql_bytes).await {
+        Ok(b) => b,
+        Err(answer) => return answer,
     };
     let Ok(text) = std::str::from_utf8(&body) else {
         return json_error(StatusCode::BAD_REQUEST, "invalid_body", "the body must be the SQL text in UTF-8");

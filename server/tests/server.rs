@@ -11,10 +11,14 @@
 
 #[path = "server/access.rs"]
 mod access;
+#[path = "server/adversarial.rs"]
+mod adversarial;
 #[path = "server/cost.rs"]
 mod cost;
 #[path = "server/fuzz_regressions.rs"]
 mod fuzz_regressions;
+#[path = "server/hardening.rs"]
+mod hardening;
 #[path = "server/import.rs"]
 mod import;
 #[path = "server/insights.rs"]
