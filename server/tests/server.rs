@@ -17,6 +17,8 @@ mod adversarial;
 mod cost;
 #[path = "server/fuzz_regressions.rs"]
 mod fuzz_regressions;
+#[path = "server/handover.rs"]
+mod handover;
 #[path = "server/hardening.rs"]
 mod hardening;
 #[path = "server/import.rs"]
