@@ -329,7 +329,16 @@ impl QueryEngine {
         let mut task = runtime.spawn(async move {
             // The slot is held until the query has really stopped.
             let _permit = permit;
-            inner.run(&sql, max_rows, &task_scope).await
+            match inner.run(&sql, max_rows, &task_scope).await {
+                // A file was replaced under the query (it planned before a compaction or
+                // a derived partition's rewrite, and read after the old file's grace):
+                // planned again, it reads the replacement. Read-only, so safe to repeat.
+                Err(e) if e.is_vanished_file() => {
+                    tracing::debug!("a data file was replaced under a query; running it again");
+                    inner.run(&sql, max_rows, &task_scope).await
+                }
+                other => other,
+            }
         });
         // Also cancels the query when the caller goes away (client disconnected).
         let _cancel = AbortOnDrop(task.abort_handle());

@@ -187,6 +187,9 @@ impl QueryError {
         if let Some(source) = source_error(&e) {
             return QueryError::Source { detail: redact_paths(&source.to_string()) };
         }
+        if vanished_file(&e) {
+            return QueryError::Source { detail: VANISHED.to_owned() };
+        }
         // A value the user's expression could not handle, however deeply an operator or
         // the Parquet decoder (which evaluates pushed-down predicates) wrapped it.
         if let Some(a) = arrow_data_error(&e) {
@@ -214,6 +217,51 @@ impl From<ReadOnlyViolation> for QueryError {
     fn from(v: ReadOnlyViolation) -> Self {
         QueryError::ReadOnly { what: v.what }
     }
+}
+
+/// The detail of a [`QueryError::Source`] for a data file that disappeared while the
+/// query read it.
+const VANISHED: &str = "a data file was replaced (compaction, a ledger or rollup pass) while the query read it";
+
+impl QueryError {
+    /// True when a file the query had planned to read was gone when it read it: the
+    /// store replaced it (compaction, or a derived partition rewritten) and its grace
+    /// ran out under a long query. Planning again sees the replacement.
+    pub fn is_vanished_file(&self) -> bool {
+        matches!(self, QueryError::Source { detail } if detail == VANISHED)
+    }
+}
+
+/// True when `e` is, somewhere in its chain, "not found" from the object store or the
+/// file system.
+fn vanished_file(e: &DataFusionError) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cur) = next {
+        if let Some(DataFusionError::ObjectStore(o)) = cur.downcast_ref::<DataFusionError>()
+            && matches!(o.as_ref(), datafusion::object_store::Error::NotFound { .. })
+        {
+            return true;
+        }
+        if matches!(
+            cur.downcast_ref::<datafusion::object_store::Error>(),
+            Some(datafusion::object_store::Error::NotFound { .. })
+        ) {
+            return true;
+        }
+        if cur.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) {
+            return true;
+        }
+        if let Some(DataFusionError::IoError(io)) = cur.downcast_ref::<DataFusionError>()
+            && io.kind() == std::io::ErrorKind::NotFound
+        {
+            return true;
+        }
+        next = match cur.downcast_ref::<ArrowError>() {
+            Some(ArrowError::ExternalError(inner)) => Some(inner.as_ref()),
+            _ => cur.source(),
+        };
+    }
+    false
 }
 
 /// Arrow errors a query's data or arguments cause (as opposed to I/O or bugs).
@@ -419,6 +467,14 @@ mod tests {
         assert_eq!(QueryError::from_datafusion(re, lim).code(), "invalid_regex");
         let io = DataFusionError::IoError(std::io::Error::other("disk"));
         assert_eq!(QueryError::from_datafusion(io, lim).status(), 500);
+        // A file replaced under a running query: retried by the engine.
+        let gone = DataFusionError::ObjectStore(Box::new(datafusion::object_store::Error::NotFound {
+            path: "/srv/data/x.parquet".into(),
+            source: "gone".into(),
+        }));
+        let e = QueryError::from_datafusion(DataFusionError::Context("reading".into(), Box::new(gone)), lim);
+        assert!(e.is_vanished_file(), "{e:?}");
+        assert!(!e.to_string().contains("/srv"), "{e}");
         let json = QueryError::ReadOnly { what: "INSERT".into() }.to_json();
         assert_eq!(json["error"], "read-only: INSERT is not allowed");
         assert!(json["detail"].as_str().is_some_and(|d| d.contains("queries only")));
