@@ -230,6 +230,7 @@ fn allocations(n: usize, start_us: i64, team: &str) -> RecordBatch {
         Arc::new(BooleanArray::from(vec![false; n])) as ArrayRef,
         strings(vec!["kubernetes".to_owned(); n]),
         Arc::new(StringArray::from(vec![None::<&str>; n])) as ArrayRef,
+        times(vec![None; n]),
     ];
     RecordBatch::try_new(schema, columns).expect("batch")
 }

@@ -213,6 +213,10 @@ static ALLOCATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
         ArrowField::new("interruptible", DataType::Boolean, false),
         s("source", false),
         s("cluster", true),
+        // The end of the newest window the cost ledger saw of this holding: while
+        // `end_time` is NULL (still held) the holding is known up to here (team scoping
+        // of `gpu_samples_1m` reads it; NULL in files written before the column).
+        ArrowField::new("held_through", time_type(), true),
     ]))
 });
 

@@ -44,8 +44,9 @@
 //! `owner` of a window, `namespace/pod` or `job_id` of a process (static and process-user
 //! allocations hold only rows that name no pod or job). A hand-over is therefore visible
 //! in the very next row, not only after the next ledger pass. Minutes carry no holder:
-//! until the pass closes the allocation, a minute after a hand-over is decided by the
-//! open allocation alone (docs/security.md states this bound).
+//! an open allocation covers minutes only up to its `held_through`, the newest window the
+//! ledger saw held, so a minute after a hand-over is never the previous holder's (and a
+//! holder's own newest minutes appear with the next pass: fail closed).
 //! The allocations side is the (small) build side of the hash join; the rows stream
 //! through it.
 
@@ -193,7 +194,13 @@ impl ScopedTable {
                     }
                     Held::Window | Held::Process => t("time").gt(a("start_time")),
                 };
-                let ends_before = a("end_time").is_null().or(t("time").lt_eq(a("end_time")));
+                let ends_before = match held_by {
+                    // A minute has no holder of its own: an open allocation covers it only
+                    // up to the newest window the ledger saw held (NULL: not at all).
+                    Held::Minute => t("time")
+                        .lt_eq(datafusion::functions::core::expr_fn::coalesce(vec![a("end_time"), a("held_through")])),
+                    Held::Window | Held::Process => a("end_time").is_null().or(t("time").lt_eq(a("end_time"))),
+                };
                 // Until the ledger closes an allocation its end is NULL; the row's own
                 // holder columns say whether the GPU has changed hands since.
                 let kind = |k: &str| a("owner_kind").eq(lit(k));

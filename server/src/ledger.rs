@@ -13,7 +13,8 @@
 //!        brief's order, static GPU/host maps as dedicated allocations)
 //!      → apron_cost::hourly_cost → gpu_cost_hourly rows of D's hours up to now
 //!      → runs of one holder that start in D → allocations rows (end_time from a
-//!        forward look when the run outlives the window; NULL while still held)
+//!        forward look when the run outlives the window; NULL while still held;
+//!        held_through: the end of the run's newest window seen)
 //!      Store::replace_partition(gpu_cost_hourly, D) and (allocations, D)
 //! ```
 //!
@@ -634,19 +635,19 @@ impl Ledger {
             {
                 let resolved = &g.holders[h.0];
                 let last = w[j].end_us;
-                let end = if j + 1 < w.len() {
-                    Some(last)
+                let (end, held) = if j + 1 < w.len() {
+                    (Some(last), last)
                 } else if fetched_to < now_us {
-                    self.run_end(uuid, &resolved.owner, fetched_to).await?.or(None)
+                    self.run_end(uuid, &resolved.owner, fetched_to).await?
                 } else {
-                    None
+                    (None, last)
                 };
                 let end = match end {
                     // Held to the newest data: still held unless the data is old.
                     None if j + 1 == w.len() && fetched_to >= now_us && now_us - last > 10 * 60_000_000 => Some(last),
                     e => e,
                 };
-                out.push(uuid, g, start, end, resolved);
+                out.push(uuid, g, (start, end, held), resolved);
             }
             i = j + 1;
         }
@@ -654,19 +655,22 @@ impl Ledger {
     }
 
     /// The end of a run that continues past `after`: the last window of the same owner
-    /// before the first window of another owner (or none); `None` while still held.
-    async fn run_end(&self, uuid: &str, owner: &Owner, after: i64) -> Result<Option<i64>, String> {
+    /// before the first window of another owner (or none; `None` while still held), and
+    /// the end of the newest window of the run seen (its `held_through`).
+    async fn run_end(&self, uuid: &str, owner: &Owner, after: i64) -> Result<(Option<i64>, i64), String> {
         let same = format!("owner_kind = {} AND owner = {}", sql_str(&owner.kind), sql_str(&owner.owner));
         let base = format!("gpu_uuid = {} AND time > {}", sql_str(uuid), ts(after));
         let next = self
             .query(&format!("SELECT min(time) FROM gpu_samples WHERE {base} AND NOT coalesce({same}, false)"))
             .await?;
-        let next = first_ts(&next);
-        let Some(next) = next else { return Ok(None) };
-        let last = self
-            .query(&format!("SELECT max(time) FROM gpu_samples WHERE {base} AND time < {} AND {same}", ts(next)))
-            .await?;
-        Ok(first_ts(&last).or(Some(after)))
+        let before_next = match first_ts(&next) {
+            Some(next) => format!(" AND time < {}", ts(next)),
+            None => String::new(),
+        };
+        let last =
+            self.query(&format!("SELECT max(time) FROM gpu_samples WHERE {base}{before_next} AND {same}")).await?;
+        let last = first_ts(&last).unwrap_or(after);
+        Ok((first_ts(&next).map(|_| last), last))
     }
 }
 
@@ -768,6 +772,7 @@ struct AllocRows {
     interruptible: Vec<bool>,
     source: Vec<String>,
     cluster: Vec<Option<String>>,
+    held_through: Vec<Option<i64>>,
 }
 
 impl AllocRows {
@@ -775,7 +780,7 @@ impl AllocRows {
         self.start.len()
     }
 
-    fn push(&mut self, uuid: &str, g: &GpuWindows, start: i64, end: Option<i64>, h: &Resolved) {
+    fn push(&mut self, uuid: &str, g: &GpuWindows, (start, end, held): (i64, Option<i64>, i64), h: &Resolved) {
         self.gpu_uuid.push(uuid.to_owned());
         self.host.push(g.host.clone());
         self.start.push(start);
@@ -794,6 +799,7 @@ impl AllocRows {
             .to_owned(),
         );
         self.cluster.push(g.cluster.clone());
+        self.held_through.push(Some(end.unwrap_or(held)));
     }
 
     fn finish(self) -> Result<RecordBatch, String> {
@@ -810,6 +816,7 @@ impl AllocRows {
             std::sync::Arc::new(BooleanArray::from(self.interruptible)),
             std::sync::Arc::new(StringArray::from(self.source)),
             std::sync::Arc::new(StringArray::from(self.cluster)),
+            t(self.held_through),
         ];
         RecordBatch::try_new(Table::Allocations.schema(), cols).map_err(|e| e.to_string())
     }

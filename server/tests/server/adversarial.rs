@@ -76,15 +76,19 @@ fn rule_count_sql(table: &str) -> String {
 ///   no owner for `static`/`process` allocations);
 /// - `gpu_processes`: `time` in it, and the process names `a`'s holder
 ///   (`namespace || '/' || pod = owner` for pods, `job_id = owner` for Slurm jobs);
-/// - `gpu_samples_1m`: minutes wholly inside it, `time - 1 minute >= start_time`;
+/// - `gpu_samples_1m`: minutes wholly inside it, `time - 1 minute >= start_time`, and
+///   while `a` is open only up to the newest window the ledger saw held
+///   (`time <= coalesce(end_time, held_through)`);
 /// - tables with a `team` column: `team = 'vision'`.
 fn rule_where(table: &str) -> String {
-    let held = |interval: &str, holder: &str| {
+    let open_end = "(a.end_time IS NULL OR s.time <= a.end_time)";
+    let held_with = |interval: &str, end: &str, holder: &str| {
         format!(
             "EXISTS (SELECT 1 FROM allocations a WHERE a.team = 'vision' AND a.gpu_uuid = s.gpu_uuid \
-             AND {interval} AND (a.end_time IS NULL OR s.time <= a.end_time) AND ({holder}))"
+             AND {interval} AND {end} AND ({holder}))"
         )
     };
+    let held = |interval: &str, holder: &str| held_with(interval, open_end, holder);
     let job_or_pod = "a.owner_kind IN ('pod', 'slurm_job')";
     match table {
         "gpu_samples" => held(
@@ -102,7 +106,11 @@ fn rule_where(table: &str) -> String {
                  OR (NOT {job_or_pod} AND s.pod IS NULL AND s.job_id IS NULL)"
             ),
         ),
-        "gpu_samples_1m" => held("s.time - INTERVAL '1 minute' >= a.start_time", "true"),
+        "gpu_samples_1m" => held_with(
+            "s.time - INTERVAL '1 minute' >= a.start_time",
+            "s.time <= coalesce(a.end_time, a.held_through)",
+            "true",
+        ),
         _ => "s.team = 'vision'".to_owned(),
     }
 }

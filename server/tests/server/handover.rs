@@ -2,7 +2,8 @@
 //! to `data-science`, released, and taken back by `vision`. Each team sees exactly its
 //! own windows, process rows and minutes — right after ingest (before the cost ledger
 //! has closed the open allocation) and after the ledger pass — and no window changes
-//! hands at a hand-over.
+//! hands at a hand-over. (A holding that began after the last pass becomes visible with
+//! the pass that records it: fail closed.)
 //!
 //! | (T0 + …]   | holder of GPU-X                 |
 //! | ---------- | ------------------------------- |
@@ -136,6 +137,7 @@ async fn a_team_sees_the_gpu_exactly_while_it_holds_it() {
     // with the pass that records them (fail closed).
     assert_eq!(seen(&engine, &vision, "gpu_samples").await, ends(0, 20, 10), "before the pass");
     assert_eq!(seen(&engine, &vision, "gpu_processes").await, ends(0, 20, 10), "before the pass");
+    assert_eq!(seen(&engine, &vision, "gpu_samples_1m").await, ends(0, 20, 60), "before the pass");
     assert!(seen(&engine, &ds, "gpu_samples").await.is_empty(), "data-science has no allocation yet");
     let leaked = engine
         .execute_as("SELECT count(*) FROM gpu_processes WHERE process_name LIKE '%ds-private%'", &vision)
