@@ -280,10 +280,44 @@ fn write_config(dir: &Path, data: &Path, extra: &str, storage: &str) -> PathBuf 
     path
 }
 
+/// `struct rlimit` of Linux.
+#[repr(C)]
+struct RLimit {
+    cur: u64,
+    max: u64,
+}
+
+unsafe extern "C" {
+    #[link_name = "setrlimit"]
+    fn libc_setrlimit(resource: i32, limit: *const RLimit) -> i32;
+}
+
+/// Linux's `RLIMIT_DATA`: private writable memory (heap, anonymous maps, thread stacks).
+const RLIMIT_DATA: i32 = 2;
+
 impl ServerProc {
     /// `apron serve --config CONFIG ARGS…`, waiting for its "listening on" line.
     fn start(config: &Path, args: &[&str], log: &Path) -> ServerProc {
-        let mut child = Command::new(APRON)
+        ServerProc::start_limited(config, args, log, None)
+    }
+
+    /// [`ServerProc::start`] with the server's data memory capped at `data_limit` bytes
+    /// (`RLIMIT_DATA`): a resource test that gets past the server's own limits makes
+    /// the server fail an allocation (and the test), never the machine run out.
+    fn start_limited(config: &Path, args: &[&str], log: &Path, data_limit: Option<u64>) -> ServerProc {
+        let mut command = Command::new(APRON);
+        if let Some(limit) = data_limit {
+            use std::os::unix::process::CommandExt;
+            let limit = RLimit { cur: limit, max: limit };
+            // SAFETY: setrlimit is async-signal-safe and `limit` outlives the call; the
+            // closure runs in the forked child before exec.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc_setrlimit(RLIMIT_DATA, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+                });
+            }
+        }
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(config)

@@ -1047,7 +1047,15 @@ fn limited() -> Limited {
     let query = "timeout = \"3s\"\nmemory_limit_bytes = 268435456\nmax_concurrent = 4\nqueue_timeout = \"2s\"";
     let config = write_config(dir.path(), &data, &roles_config(free_port(), &book, query), "");
     let log = dir.path().join("apron.log");
-    let server = ServerProc::start(&config, &[], &log);
+    // CI stays safe: past 2 GiB of private memory the server's allocations fail (and the
+    // test with them) — far above what it needs here (its query pool is 256 MiB), far
+    // below what a string function left uncapped would take (`lpad('x', 2e9)`).
+    let server = ServerProc::start_limited(&config, &[], &log, Some(2 << 30));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.child.id())).expect("limits");
+    assert!(
+        limits.lines().any(|l| l.starts_with("Max data size") && l.contains("2147483648")),
+        "the server runs under RLIMIT_DATA: {limits}"
+    );
     Limited { server, log, _dir: dir, _one: one }
 }
 
