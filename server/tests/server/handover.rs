@@ -93,8 +93,16 @@ async fn a_team_sees_the_gpu_exactly_while_it_holds_it() {
         ..StoreConfig::default()
     };
     let ingest_opts = IngestOptions { tokens: vec!["agent-token-0123456789".into()], ..IngestOptions::default() };
-    let access =
-        Access::Tokens(vec![Credential { token: b"agent-token-0123456789".to_vec().into(), role: Role::Agent }].into());
+    let access = Access::Tokens(
+        vec![
+            Credential { token: b"agent-token-0123456789".to_vec().into(), role: Role::Agent },
+            Credential {
+                token: b"vision-token-0123456789".to_vec().into(),
+                role: Role::Team(TeamName::new("vision").expect("team")),
+            },
+        ]
+        .into(),
+    );
     let server = Server::open(store, ingest_opts, QueryConfig::default(), access)
         .expect("open")
         .with_cost(cost(dir.path(), apron_cost::TeamConfig::default()))
@@ -160,6 +168,25 @@ async fn a_team_sees_the_gpu_exactly_while_it_holds_it() {
     let vision_minutes = &ends(0, 20, 60) | &ends(50, 60, 60);
     assert_eq!(seen(&engine, &vision, "gpu_samples_1m").await, vision_minutes);
     assert_eq!(seen(&engine, &ds, "gpu_samples_1m").await, ends(20, 40, 60));
+
+    // The same over HTTP, as a vision token: train-1's and train-2's windows only.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let api = listener.local_addr().expect("addr");
+    let router = server.router();
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    let body = tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut r = agent
+            .post(format!("http://{api}/api/v1/sql"))
+            .header("authorization", "Bearer vision-token-0123456789")
+            .header("accept", "text/csv")
+            .send("SELECT owner, count(*) AS n FROM gpu_samples GROUP BY owner ORDER BY owner")
+            .expect("sql");
+        (r.status().as_u16(), r.body_mut().read_to_string().expect("body"))
+    })
+    .await
+    .expect("join");
+    assert_eq!(body, (200, "owner,n\nvision/train-1,120\nvision/train-2,60\n".to_owned()));
 
     // The same over the PostgreSQL port, as a data-science user.
     let pg = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind pg");
