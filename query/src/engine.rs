@@ -83,7 +83,7 @@ struct Inner {
     base: SessionState,
     /// Every registered table's real provider, for building scoped sessions.
     providers: std::sync::Mutex<Vec<(&'static str, Arc<dyn TableProvider>)>>,
-    /// One session per team seen so far: `base` with a catalog of scoped views
+    /// One session per team seen so far: `base` with a catalog of scoped tables
     /// ([`crate::scope`]) in place of the tables.
     team_sessions: std::sync::Mutex<HashMap<TeamName, SessionState>>,
 }

@@ -201,7 +201,7 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
         "SELECT count(*) FROM (SELECT team FROM allocations UNION ALL SELECT team FROM gpu_cost_hourly \
          UNION ALL SELECT team FROM alerts UNION ALL SELECT team FROM recommendations \
          UNION ALL SELECT team FROM gpu_processes) t WHERE team <> 'vision'".to_owned(),
-        // Fully qualified names reach the same scoped views.
+        // Fully qualified names reach the same scoped tables.
         "SELECT count(*) FROM datafusion.public.gpu_samples WHERE gpu_uuid = 'GPU-B'".to_owned(),
         "SELECT count(*) FROM datafusion.public.allocations WHERE team = 'nlp'".to_owned(),
         // Aggregates and window functions over everything.
