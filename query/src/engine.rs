@@ -422,6 +422,31 @@ impl Inner {
         Ok(state)
     }
 
+    /// An unknown table's error with the closest table name and the list of tables (the
+    /// contract's names, the same for every principal).
+    fn table_hint(&self, e: QueryError) -> QueryError {
+        let QueryError::Plan { detail } = e else { return e };
+        let unknown = detail
+            .split_once("table '")
+            .and_then(|(_, rest)| rest.split_once("' not found"))
+            .map(|(name, _)| name.rsplit('.').next().unwrap_or(name).to_owned());
+        let Some(unknown) = unknown else { return QueryError::Plan { detail } };
+        let mut tables: Vec<&'static str> =
+            self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().map(|(n, _)| *n).collect();
+        tables.sort_unstable();
+        let lower = unknown.to_ascii_lowercase();
+        let closest = tables
+            .iter()
+            .map(|t| (datafusion::common::utils::datafusion_strsim::levenshtein(&lower, t), *t))
+            .min()
+            .filter(|(d, t)| *d <= (t.len() / 3).max(2));
+        let hint = match closest {
+            Some((_, t)) => format!("; did you mean {t}? The tables are: {}", tables.join(", ")),
+            None => format!("; the tables are: {}", tables.join(", ")),
+        };
+        QueryError::Plan { detail: format!("{detail}{hint}") }
+    }
+
     /// A session for one query: the scope's session with its own memory pool.
     fn query_state(&self, scope: &Scope) -> Result<SessionState, QueryError> {
         let limit = usize::try_from(self.config.memory_limit_bytes).unwrap_or(usize::MAX);
@@ -450,7 +475,10 @@ impl Inner {
         guard::check_shape(&statement, self.config.max_expr_depth, self.config.max_expr_nodes)
             .map_err(|v| QueryError::TooComplex { what: v.what, setting: v.setting })?;
         readonly::check_statement(&statement)?;
-        let plan = state.statement_to_plan(statement).await.map_err(df_err)?;
+        let plan = match state.statement_to_plan(statement).await {
+            Ok(plan) => plan,
+            Err(e) => return Err(self.table_hint(df_err(e))),
+        };
         readonly::check_plan(&plan)?;
 
         let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;

@@ -403,6 +403,19 @@ async fn a_timed_out_cross_join_lets_go_of_the_engine() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_table_names_the_closest_one_and_lists_them() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let err = e.execute("SELECT count(*) FROM gpu_sample").await.expect_err("unknown");
+    assert_eq!((err.status(), err.code()), (400, "invalid_query"));
+    let detail = err.detail();
+    assert!(detail.contains("did you mean gpu_samples?"), "{detail}");
+    assert!(detail.contains("The tables are: ") && detail.contains("gpu_processes"), "{detail}");
+    let err = e.execute("SELECT * FROM utterly_unrelated").await.expect_err("unknown");
+    assert!(!err.detail().contains("did you mean") && err.detail().contains("the tables are:"), "{}", err.detail());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn result_row_cap() {
     let (_dir, store) = fixture();
     let e = engine(store, QueryConfig { max_result_rows: 10, ..QueryConfig::default() });
