@@ -136,6 +136,10 @@ impl QueryEngine {
             o.execution.parquet.reorder_filters = true;
             o.execution.parquet.enable_page_index = true;
             o.execution.parquet.pruning = true;
+            // PostgreSQL's dialect, as the pg port's clients expect: the contract's column
+            // names (`cluster`, `host`, `time`, `hour`, …) work unquoted, where the generic
+            // dialect reads `cluster` as the start of Hive's `CLUSTER BY`.
+            o.sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
         }
         // No spilling: a query over its memory limit fails instead of filling the disk
         // the collector writes to.

@@ -415,6 +415,36 @@ async fn an_unknown_table_names_the_closest_one_and_lists_them() {
     assert!(!err.detail().contains("did you mean") && err.detail().contains("the tables are:"), "{}", err.detail());
 }
 
+/// Every column of every table reads unquoted, as in PostgreSQL: selected, filtered,
+/// grouped and ordered by (`cluster`, `host`, `time`, `hour`, `window_s`, `team`, …).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_contract_column_reads_unquoted() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    for table in e.tables().to_vec() {
+        let columns = json(
+            &e,
+            &format!(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = '{table}' \
+                 ORDER BY ordinal_position"
+            ),
+        )
+        .await;
+        let columns: Vec<String> =
+            columns["rows"].as_array().expect("rows").iter().map(|r| r[0].as_str().expect("name").to_owned()).collect();
+        assert!(!columns.is_empty(), "{table}");
+        for c in &columns {
+            let q = format!(
+                "SELECT {c}, count(*) FROM {table} WHERE {c} IS NOT NULL OR {c} IS NULL GROUP BY {c} ORDER BY {c} LIMIT 3"
+            );
+            e.execute(&q).await.unwrap_or_else(|err| panic!("{q}: {err} ({})", err.detail()));
+        }
+        let all = columns.join(", ");
+        let q = format!("SELECT {all} FROM {table} ORDER BY {all} LIMIT 1");
+        e.execute(&q).await.unwrap_or_else(|err| panic!("{q}: {err} ({})", err.detail()));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn result_row_cap() {
     let (_dir, store) = fixture();
