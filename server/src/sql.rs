@@ -7,6 +7,9 @@
 //! authenticates, negotiates and maps `QueryError` to its status in the contract's
 //! `{"error", "detail"}` shape.
 //!
+//! The body is the SQL text (any content type but JSON), or with `Content-Type:
+//! application/json` an object `{"sql": "<query>"}` (docs/sql.md).
+//!
 //! Everything that can be decided from the request head is decided before the body is
 //! read: the bearer token (401/403), `Accept` (406) and a declared `Content-Length` over
 //! `[sql] max_body_bytes` (413). The body is then read up to that limit (413 beyond),
@@ -107,6 +110,34 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
     };
     let Ok(text) = std::str::from_utf8(&body) else {
         return json_error(StatusCode::BAD_REQUEST, "invalid_body", "the body must be the SQL text in UTF-8");
+    };
+    // `Content-Type: application/json`: `{"sql": "…"}`; anything else is the SQL text.
+    let json_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+    let owned;
+    let text = if json_body {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct SqlRequest {
+            sql: String,
+        }
+        match serde_json::from_str::<SqlRequest>(text) {
+            Ok(r) => {
+                owned = r.sql;
+                owned.as_str()
+            }
+            Err(e) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_body",
+                    &format!("a JSON body must be {{\"sql\": \"<query>\"}}: {e}"),
+                );
+            }
+        }
+    } else {
+        text
     };
     if text.trim().is_empty() {
         return json_error(StatusCode::BAD_REQUEST, "empty_query", "the body is empty: send the SQL text");

@@ -268,6 +268,30 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
     assert!(!report.to_string().contains("\"nlp\""), "a team's report holds its own rows only: {report}");
     assert!(report.to_string().contains("\"vision\""), "{report}");
 
+    // The JSON request form reads the same rows; a malformed one is a clear 400.
+    let json_form = |body: &'static str| async move {
+        tokio::task::spawn_blocking(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+            let mut r = agent
+                .post(format!("http://{api}/api/v1/sql"))
+                .header("authorization", &format!("Bearer {VISION}"))
+                .header("content-type", "application/json; charset=utf-8")
+                .header("accept", "text/csv")
+                .send(body)
+                .expect("sql");
+            (r.status().as_u16(), r.body_mut().read_to_string().expect("body"))
+        })
+        .await
+        .expect("join")
+    };
+    assert_eq!(
+        json_form(r#"{"sql": "SELECT DISTINCT team FROM allocations"}"#).await,
+        (200, "team\nvision\n".to_owned())
+    );
+    let (status, body) = json_form(r#"{"query": "SELECT 1"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("{\\\"sql\\\""), "{body}");
+
     // A week outside the data: 404, and nothing is written for it.
     let (status, v) = call(api, "GET", "/api/v1/reports/weekly?week=1971-W07", VIEWER, "").await;
     assert_eq!((status, v["error"].as_str()), (404, Some("no_such_week")), "{v}");
