@@ -23,7 +23,9 @@ pub struct QueryConfig {
     pub max_concurrent: usize,
     /// Of those, how many one principal (a team, or all unscoped clients together) may
     /// hold at once, so no principal takes every slot; further queries of it wait in
-    /// line up to `queue_timeout` like the rest.
+    /// line up to `queue_timeout` like the rest. 0 (the default): all but one of
+    /// `max_concurrent` (at least 1) — a principal alone keeps most of the capacity (a
+    /// Grafana dashboard's panels run side by side) but never the last slot.
     pub max_concurrent_per_principal: usize,
     /// Slots reserved for the server's own passes (ledger, rollups, alerts,
     /// recommendations, import), on top of `max_concurrent`: clients cannot starve them.
@@ -53,13 +55,24 @@ pub struct QueryConfig {
     pub max_string_result_bytes: u64,
 }
 
+impl QueryConfig {
+    /// The effective [`QueryConfig::max_concurrent_per_principal`].
+    pub fn principal_share(&self) -> usize {
+        let all = self.max_concurrent.max(1);
+        match self.max_concurrent_per_principal {
+            0 => all.saturating_sub(1).max(1),
+            n => n.min(all),
+        }
+    }
+}
+
 impl Default for QueryConfig {
     fn default() -> Self {
         QueryConfig {
             timeout: Duration::from_secs(60),
             memory_limit_bytes: 1 << 30,
             max_concurrent: 4,
-            max_concurrent_per_principal: 2,
+            max_concurrent_per_principal: 0,
             reserved_internal: 2,
             queue_timeout: Duration::from_secs(2),
             max_result_rows: 1_000_000,
@@ -88,6 +101,10 @@ mod tests {
         assert_eq!(c.max_concurrent, 2);
         assert_eq!(c.memory_limit_bytes, 1 << 30);
         assert_eq!(c.queue_timeout, Duration::from_secs(2));
+        assert_eq!(c.principal_share(), 1, "all but one of 2");
+        assert_eq!(QueryConfig::default().principal_share(), 3);
+        let c = QueryConfig { max_concurrent: 4, max_concurrent_per_principal: 9, ..QueryConfig::default() };
+        assert_eq!(c.principal_share(), 4);
         let err = serde_json::from_str::<QueryConfig>(r#"{"time_out": "1s"}"#).expect_err("unknown field");
         assert!(err.to_string().contains("unknown field"), "{err}");
         assert!(serde_json::from_str::<QueryConfig>(r#"{"timeout": "soon"}"#).is_err());

@@ -289,15 +289,11 @@ impl QueryEngine {
         }
         let share = {
             let mut shares = self.shares.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let per = config.max_concurrent_per_principal.clamp(1, config.max_concurrent.max(1));
+            let per = config.principal_share();
             shares.entry(scope.clone()).or_insert_with(|| Arc::new(Semaphore::new(per))).clone()
         };
         let busy = |share: bool| QueryError::Busy {
-            max_concurrent: if share {
-                config.max_concurrent_per_principal.clamp(1, config.max_concurrent.max(1))
-            } else {
-                config.max_concurrent.max(1)
-            },
+            max_concurrent: if share { config.principal_share() } else { config.max_concurrent.max(1) },
             waited: waiting.elapsed(),
             share,
         };

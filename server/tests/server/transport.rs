@@ -255,7 +255,7 @@ fn limits_answer_with_clear_errors_and_slow_clients_are_cut_off() {
         let r = sql_once("SELECT 1");
         (r.status == 503).then_some(r)
     });
-    // One principal: its share (query.max_concurrent_per_principal, clamped to 2) is the
+    // One principal: its share (query.max_concurrent_per_principal: all but one of 2) is the
     // first limit it meets.
     assert!(error(&busy).contains("query slots"), "{busy:?}");
     assert!(busy.headers.contains("retry-after: "), "{busy:?}");
