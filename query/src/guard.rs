@@ -273,6 +273,26 @@ fn array_value_bytes(a: &ArrayRef, i: usize) -> usize {
     }
 }
 
+/// Bytes of all of one argument's values together, without a per-row pass where the
+/// array's offsets say it (`||` and `concat` run on every batch of their input).
+fn total_bytes(v: &ColumnarValue, rows: usize) -> u128 {
+    match v {
+        ColumnarValue::Scalar(s) => scalar_bytes(s) as u128 * rows as u128,
+        ColumnarValue::Array(a) => match a.data_type() {
+            DataType::Utf8 => {
+                let o = a.as_string::<i32>().value_offsets();
+                o.last().zip(o.first()).map_or(0, |(l, f)| (l - f).max(0) as u128)
+            }
+            DataType::LargeUtf8 => {
+                let o = a.as_string::<i64>().value_offsets();
+                o.last().zip(o.first()).map_or(0, |(l, f)| (l - f).max(0) as u128)
+            }
+            DataType::Utf8View => a.as_string_view().views().iter().map(|v| (*v as u32) as u128).sum(),
+            _ => 32 * a.len() as u128,
+        },
+    }
+}
+
 /// Integer argument values, row by row (NULL and non-integers as 0).
 fn counts(v: &ColumnarValue, rows: usize) -> Vec<u64> {
     let as_u64 = |s: &ScalarValue| match s {
@@ -295,7 +315,6 @@ fn counts(v: &ColumnarValue, rows: usize) -> Vec<u64> {
 impl Bound {
     /// An upper bound of the result's bytes.
     fn estimate(self, args: &[ColumnarValue], rows: usize) -> u128 {
-        let sum = |v: Vec<usize>| v.into_iter().map(|b| b as u128).sum::<u128>();
         match self {
             Bound::Repeat => {
                 let (Some(s), Some(n)) = (args.first(), args.get(1)) else { return 0 };
@@ -303,7 +322,7 @@ impl Bound {
             }
             Bound::Pad => {
                 let (Some(s), Some(n)) = (args.first(), args.get(1)) else { return 0 };
-                sum(value_bytes(s, rows)) + counts(n, rows).into_iter().map(|n| 4 * n as u128).sum::<u128>()
+                total_bytes(s, rows) + counts(n, rows).into_iter().map(|n| 4 * n as u128).sum::<u128>()
             }
             Bound::Replace { to } => {
                 let Some(s) = args.first() else { return 0 };
@@ -311,9 +330,9 @@ impl Bound {
                 value_bytes(s, rows).into_iter().zip(to).map(|(b, t)| (b as u128 + 1) * t.max(1) as u128).sum()
             }
             Bound::Sum => {
-                let all: u128 = args.iter().map(|a| sum(value_bytes(a, rows))).sum();
+                let all: u128 = args.iter().map(|a| total_bytes(a, rows)).sum();
                 // concat_ws repeats its separator between arguments.
-                let sep = args.first().map_or(0, |a| sum(value_bytes(a, rows)));
+                let sep = args.first().map_or(0, |a| total_bytes(a, rows));
                 all + sep * args.len() as u128
             }
         }
