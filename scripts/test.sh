@@ -12,6 +12,9 @@ export APRON_REQUIRE_TOOLS=1
 # rebuild).
 cargo build --quiet -p apron-fake-nvml -p apron-fake-nvml-legacy -p apron-agent
 cargo test --workspace --no-fail-fast "$@"
+# Docs: every relative link and anchor in *.md resolves, every flag named exists in --help.
+python3 -m unittest discover -s tests/docs -q
+./scripts/check-docs.py
 # Kubernetes manifests and systemd units, checked with real tools and started with the
 # binaries just built (tests/deploy/validate.sh).
 ./tests/deploy/validate.sh
