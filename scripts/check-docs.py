@@ -349,8 +349,12 @@ def check_args(helps, binary, args):
         if not positional and a in commands and a != "help":
             sub.append(a)
             flags, commands = helps.get(binary, sub)
-        elif not sub and commands:
-            return []  # "apron-agent was built …": prose that names the binary, not a command
+        elif not sub and commands and i == 0:
+            # "apron-agent was built …" is prose that names the binary, not a command;
+            # a word followed by flags is a subcommand that does not exist.
+            if any(x.startswith("--") for x in args[i + 1:]):
+                return [f"`{binary}` has no subcommand {a} (not in `{binary} --help`)"]
+            return []
         else:
             positional = True
         i += 1

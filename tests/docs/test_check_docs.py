@@ -91,8 +91,13 @@ class Commands(unittest.TestCase):
         self.assertEqual(cd.check_args(h, "apron", ["--log", "debug", "up", "--data=d", "--pg", "x"]), [])
         self.assertEqual(cd.check_args(h, "apron", ["pricebook", "show", "f.toml", "--config", "c"]),
                          ["`apron pricebook show` has no flag --config (not in `apron pricebook show --help`)"])
-        # prose that names the binary is not a command line
-        self.assertEqual(cd.check_args(h, "apron", ["was", "--built"]), [])
+        # prose that names the binary is not a command line; a misspelt subcommand is
+        self.assertEqual(cd.check_args(h, "apron", ["was", "built"]), [])
+        self.assertEqual(cd.check_args(h, "apron", ["upp", "--data", "d"]),
+                         ["`apron` has no subcommand upp (not in `apron --help`)"])
+        self.assertEqual(cd.check_args(h, "apron", ["--bogus", "x", "up", "--nope"]),
+                         ["`apron` has no flag --bogus (not in `apron --help`)",
+                          "`apron` has no flag --nope (not in `apron --help`)"])
 
 
 if __name__ == "__main__":
