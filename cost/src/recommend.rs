@@ -16,7 +16,9 @@
 //! | `rebalance-quota` | a team stranding GPUs ≥ 50% of the window while another team has work queued | the stranded GPU-time × price (capacity) |
 //!
 //! Monthly savings = window savings × 730 h / window hours (the design brief's rule),
-//! exact micro-dollars, rounded to cents once for display.
+//! exact micro-dollars, rounded to cents once for display. The caller passes as
+//! `window_us` the part of its window that holds data (the server: from the first sample
+//! window to the last), so a young installation is extrapolated from what it saw.
 //!
 //! `savings_kind` is `cash` where releasing the GPU stops a bill (on-demand and spot
 //! cloud rates) and `capacity` where it frees a GPU that is paid for anyway (on-prem

@@ -68,8 +68,11 @@ enum Command {
         #[arg(long, env = "APRON_SQL_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
-    /// The weekly idle-cost report for finance, from a data directory's stored
-    /// gpu_cost_hourly (what `apron up` / `apron serve` computed) or from a server.
+    /// The weekly idle-cost report for finance, built locally from a data directory's
+    /// gpu_cost_hourly (what `apron up` / `apron serve` computed). A running server
+    /// serves the same at GET /api/v1/reports/weekly. A week stays open (every run
+    /// reflects the data) until it is delivered (--send, the schedule) or closed
+    /// (--close); a closed week is frozen, and later changes are shown as a diff.
     Report {
         /// ISO week, e.g. 2026-W48 (UTC). Default: the last finished week.
         #[arg(long)]
@@ -79,7 +82,7 @@ enum Command {
         /// Directory to write the report file(s) into.
         #[arg(long, default_value = ".")]
         out: PathBuf,
-        /// The data directory (its stored reports are reused unless --recompute).
+        /// The data directory (a closed week's frozen copy is read from it).
         /// Default: the config's storage.data_dir with --config, else ./apron-data.
         #[arg(long, env = "APRON_DATA")]
         data: Option<PathBuf>,
@@ -88,9 +91,14 @@ enum Command {
         /// directory, if any).
         #[arg(long)]
         price_book: Option<PathBuf>,
-        /// Rebuild a stored week and print what changed.
-        #[arg(long)]
+        /// Rebuild a closed week from the data, print what changed and replace its
+        /// frozen copy.
+        #[arg(long, conflicts_with = "close")]
         recompute: bool,
+        /// Close the week (it must have ended): freeze this report as the one finance
+        /// received; later runs serve it and show changes as a diff.
+        #[arg(long)]
+        close: bool,
         /// `apron serve`'s config file: its [storage], [cost] price book and [report]
         /// (share_unallocated, and the deliveries of --send).
         #[arg(long)]
@@ -107,9 +115,10 @@ enum Command {
     /// Rebalancing recommendations (reclaim, right-size, pack, downsize, spot) with
     /// their savings, from a running server.
     Recommend {
-        /// The window to look back over, e.g. 1h, 24h, 7d.
-        #[arg(long, default_value = "7d")]
-        window: String,
+        /// The window to look back over, e.g. 1h, 24h, 7d. Default: the server's
+        /// [recommend] window (7d unless configured), as the web UI and the API use.
+        #[arg(long)]
+        window: Option<String>,
         #[arg(long, value_enum, default_value_t = RecommendFormat::Table)]
         format: RecommendFormat,
         /// The server to ask.
@@ -255,10 +264,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             })
         }
         Command::Recommend { window, format, server, token } => {
-            recommend_command(&server, &window, format, token.as_deref())
+            recommend_command(&server, window.as_deref(), format, token.as_deref())
         }
-        Command::Report { week, format, out, data, price_book, recompute, config, send, resend } => {
-            let options = ReportOptions { week, format, out, data, price_book, recompute, config, send, resend };
+        Command::Report { week, format, out, data, price_book, recompute, close, config, send, resend } => {
+            let options = ReportOptions { week, format, out, data, price_book, recompute, close, config, send, resend };
             rt.block_on(report_command(options))
         }
         Command::Pricebook { action } => pricebook_command(action),
@@ -468,9 +477,20 @@ fn server_error(status: ureq::http::StatusCode, body: &[u8]) -> anyhow::Error {
 
 /// `apron recommend`: asks the server (which holds the price book and team maps) and
 /// prints a table or the JSON.
-fn recommend_command(server: &str, window: &str, format: RecommendFormat, token: Option<&str>) -> anyhow::Result<()> {
-    humantime::parse_duration(window).with_context(|| format!("--window {window}: use a duration such as 1h or 7d"))?;
-    let url = format!("{}/api/v1/recommendations?window={window}", server.trim_end_matches('/'));
+fn recommend_command(
+    server: &str,
+    window: Option<&str>,
+    format: RecommendFormat,
+    token: Option<&str>,
+) -> anyhow::Result<()> {
+    let base = format!("{}/api/v1/recommendations", server.trim_end_matches('/'));
+    let url = match window {
+        Some(w) => {
+            humantime::parse_duration(w).with_context(|| format!("--window {w}: use a duration such as 1h or 7d"))?;
+            format!("{base}?window={w}")
+        }
+        None => base,
+    };
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(600)))
@@ -480,7 +500,7 @@ fn recommend_command(server: &str, window: &str, format: RecommendFormat, token:
     if let Some(t) = token {
         req = req.header("Authorization", &format!("Bearer {t}"));
     }
-    eprintln!("apron recommend: computing over the last {window} on {server} ...");
+    eprintln!("apron recommend: computing over the last {} on {server} ...", window.unwrap_or("[recommend] window"));
     let mut resp =
         req.call().with_context(|| format!("cannot reach {url}: is `apron up` or `apron serve` running?"))?;
     let status = resp.status();
@@ -497,10 +517,11 @@ fn recommend_command(server: &str, window: &str, format: RecommendFormat, token:
     let items = v["recommendations"].as_array().cloned().unwrap_or_default();
     let mut out = String::new();
     out.push_str(&format!(
-        "recommendations over {} ({} .. {})\n\n{:<16} {:<14} {:>12} {:<9} {:>5}  {}\n",
-        v["window"].as_str().unwrap_or(window),
+        "recommendations over {} ({} .. {}; {} h of data, extrapolated to a month)\n\n{:<16} {:<14} {:>12} {:<9} {:>5}  {}\n",
+        v["window"].as_str().unwrap_or_default(),
         v["from"].as_str().unwrap_or(""),
         v["to"].as_str().unwrap_or(""),
+        v["covered_hours"].as_f64().map_or("?".to_owned(), |h| format!("{h:.1}")),
         "kind",
         "team",
         "$/month",
@@ -546,6 +567,7 @@ struct ReportOptions {
     data: Option<PathBuf>,
     price_book: Option<PathBuf>,
     recompute: bool,
+    close: bool,
     config: Option<PathBuf>,
     send: bool,
     resend: bool,
@@ -595,20 +617,44 @@ async fn report_command(o: ReportOptions) -> anyhow::Result<()> {
     )?;
     eprintln!("apron report: building {week} from {}", data.display());
     let share = report_config.share_unallocated;
-    let (files, changed) =
-        apron::report::produce(&engine, book.as_ref(), &data, week, o.format, o.recompute, share, now)
-            .await
-            .map_err(anyhow::Error::msg)?;
-    if o.recompute {
-        if changed.is_empty() {
-            eprintln!("apron report: recomputed {week}: nothing changed");
-        } else {
-            eprintln!("apron report: recomputed {week}; changed:");
-            for c in &changed {
+    let freeze = if o.recompute {
+        apron::report::Freeze::Recompute
+    } else if o.close {
+        apron::report::Freeze::Close
+    } else {
+        apron::report::Freeze::View
+    };
+    let produced = apron::report::produce(&engine, book.as_ref(), &data, week, o.format, freeze, share, now)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let frozen_at = apron::report::stored_dir(&data, week);
+    match (freeze, produced.frozen, produced.changed.is_empty()) {
+        (apron::report::Freeze::Recompute, false, _) => {
+            eprintln!("apron report: {week} is open (not closed): built from the data, nothing to compare")
+        }
+        (apron::report::Freeze::Recompute, true, true) => {
+            eprintln!("apron report: recomputed {week}: nothing changed")
+        }
+        (apron::report::Freeze::Recompute, true, false) => {
+            eprintln!("apron report: recomputed {week}; replaced the frozen copy in {}; changed:", frozen_at.display());
+            for c in &produced.changed {
                 eprintln!("  {c}");
             }
         }
+        (_, true, true) => eprintln!("apron report: {week} is closed (frozen in {})", frozen_at.display()),
+        (_, true, false) => {
+            eprintln!(
+                "apron report: {week} is closed (frozen in {}); the data has changed since \
+                 (--recompute replaces the frozen copy):",
+                frozen_at.display()
+            );
+            for c in &produced.changed {
+                eprintln!("  {c}");
+            }
+        }
+        (_, false, _) => eprintln!("apron report: {week} is open: built from the data as it is now"),
     }
+    let files = produced.files;
     std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
     for (name, bytes) in files {
         let path = o.out.join(format!("apron-{week}-{name}"));

@@ -66,6 +66,9 @@ impl Default for RecommendSettings {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RecommendationSet {
     pub window: String,
+    /// The hours of the window that hold data: monthly savings are the window's
+    /// savings × 730 / these hours, so a young installation is not under-extrapolated.
+    pub covered_hours: f64,
     pub from: String,
     pub to: String,
     pub generated_at: String,
@@ -135,6 +138,9 @@ impl Recommender {
             return Err("the window must be positive".into());
         }
         let from_us = to_us - window_us;
+        // Monthly figures extrapolate from the hours the data covers, not from the
+        // window asked for: 24 h of history under a 7 d window is 24 h of evidence.
+        let covered_us = self.covered(from_us, to_us).await?.unwrap_or(window_us);
         let idle = self.ledger.idle_sql();
         let filter = Self::base_filter(from_us, to_us);
         let known = "(sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL)";
@@ -246,7 +252,7 @@ impl Recommender {
             }
         }
         let allocs: Vec<AllocationUse> = allocs.into_values().collect();
-        let mut items = recommend::plan(&allocs, &[], &self.settings.rules, window_us).map_err(|e| e.to_string())?;
+        let mut items = recommend::plan(&allocs, &[], &self.settings.rules, covered_us).map_err(|e| e.to_string())?;
         for r in &mut items {
             let members = match &r.proposal {
                 Some(p) => recommend::replay_members(&allocs, p),
@@ -254,7 +260,7 @@ impl Recommender {
             };
             if !members.is_empty() {
                 let series = self.series(&allocs, &members, &filter).await?;
-                recommend::finish(r, &allocs, &series, window_us).map_err(|e| e.to_string())?;
+                recommend::finish(r, &allocs, &series, covered_us).map_err(|e| e.to_string())?;
             }
             let pairs: Vec<(String, String, String)> = match &r.proposal {
                 Some(_) => members
@@ -272,6 +278,7 @@ impl Recommender {
         let now = UnixMicros::now().0;
         Ok(RecommendationSet {
             window: humantime::format_duration(window).to_string(),
+            covered_hours: (covered_us as f64 / 3.6e9 * 1e6).round() / 1e6,
             from: UnixMicros(from_us).to_rfc3339(),
             to: UnixMicros(to_us).to_rfc3339(),
             generated_at: UnixMicros(now).to_rfc3339(),
@@ -281,6 +288,25 @@ impl Recommender {
             to_us,
             generated_at_us: now,
         })
+    }
+
+    /// How much of `(from, to]` the fleet's samples cover: from the start of the first
+    /// window in it to the end of the last (`None` when it holds no sample).
+    async fn covered(&self, from_us: i64, to_us: i64) -> Result<Option<i64>, String> {
+        let sql = format!(
+            "SELECT min(CAST(time AS BIGINT) - CAST(window_s * 1000000 AS BIGINT)), max(CAST(time AS BIGINT)) \
+             FROM gpu_samples WHERE time > {} AND time <= {}",
+            ts(from_us),
+            ts(to_us)
+        );
+        let batches = self.query(&sql).await?;
+        let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else { return Ok(None) };
+        let (first, last) = (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>());
+        if first.is_null(0) || last.is_null(0) {
+            return Ok(None);
+        }
+        let span = last.value(0).min(to_us) - first.value(0).max(from_us);
+        Ok((span > 0).then_some(span))
     }
 
     /// The SQL that reproduces an item's held / known / idle figures.
@@ -444,6 +470,7 @@ pub fn schema() -> SchemaRef {
         s("summary", false),
         s("evidence", false),
         s("replay", true),
+        Field::new("covered_hours", DataType::Float64, false),
     ]))
 }
 
@@ -485,6 +512,7 @@ fn recommendations_batch(set: &RecommendationSet) -> Result<RecordBatch, String>
         strs(&|r| Some(r.summary.clone())),
         strs(&|r| serde_json::to_string(&r.evidence).ok()),
         strs(&|r| r.replay.as_ref().and_then(|o| serde_json::to_string(o).ok())),
+        Arc::new(Float64Array::from(vec![set.covered_hours; n])),
     ];
     RecordBatch::try_new(schema(), cols).map_err(|e| e.to_string())
 }

@@ -5,8 +5,9 @@
 //!  allocations ⋈ gpu_cost_hourly (stranded per owner) ─┼─► apron_cost::WeeklyReport::build
 //!  the previous week (week-over-week) ──┘                  │
 //!                                 JSON / CSV (4 tables) / HTML / XLSX
-//!  <data>/reports/<week>/  — a week once written is served from there, byte for byte,
-//!                            unless recomputed (which reports what changed)
+//!  <data>/reports/<week>/  — a week once closed (delivered, `--send`, `--close`) is
+//!                            served from there, byte for byte; later changes show as
+//!                            a diff against it, and `--recompute` replaces it
 //! ```
 //!
 //! Every figure comes from stored rows: the seconds and micro-dollars of
@@ -232,16 +233,28 @@ pub fn load_stored(data_dir: &Path, week: IsoWeek, format: ReportFormat) -> Opti
     names.into_iter().map(|n| std::fs::read(dir.join(&n)).ok().map(|b| (n, b))).collect()
 }
 
-/// Writes every rendering of `report` to `<data>/reports/<week>/` (atomically per
-/// file), so later requests re-render the week identically.
+/// Freezes `report`: writes every rendering of it to `<data>/reports/<week>/`
+/// (atomically per file), so later requests re-render the week identically.
 pub fn store(data_dir: &Path, week: IsoWeek, report: &WeeklyReport) -> Result<PathBuf, String> {
+    let mut files = Vec::new();
+    for format in [ReportFormat::Json, ReportFormat::Csv, ReportFormat::Html, ReportFormat::Xlsx] {
+        files.extend(render(report, format)?);
+    }
+    freeze(data_dir, week, files.iter().map(|(n, b)| (n.as_str(), b.as_slice())))
+}
+
+/// Freezes renderings already made (the schedule's, at the week's first delivery: the
+/// frozen copy is byte for byte what was delivered).
+pub fn freeze<'a>(
+    data_dir: &Path,
+    week: IsoWeek,
+    files: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> Result<PathBuf, String> {
     let dir = stored_dir(data_dir, week);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for format in [ReportFormat::Json, ReportFormat::Csv, ReportFormat::Html, ReportFormat::Xlsx] {
-        for (name, bytes) in render(report, format)? {
-            let path = dir.join(&name);
-            apron_collector::write_atomic(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        }
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        apron_collector::write_atomic(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(dir)
 }
@@ -291,10 +304,35 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, Strin
     }
 }
 
-/// Builds `week`'s report, or serves it as stored. A finished week (its end has passed)
-/// is stored the first time it is built (with `share` as the unallocated idle
-/// presentation; a stored week keeps the one it was built with); `recompute` rebuilds
-/// and replaces it and returns what changed.
+/// What [`produce`] does with a week's frozen copy (`<data>/reports/<week>/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freeze {
+    /// Read: a frozen week is served as frozen (with what changed since, for the
+    /// caller to show); an open week is built from the data as it is now and stored
+    /// nowhere, so a week viewed early still shows the history that arrives later.
+    View,
+    /// Close the week (`apron report --close`, `--send`, the schedule's delivery): an
+    /// open week that has ended is built and frozen; a frozen one is served as frozen.
+    Close,
+    /// `--recompute`: rebuild from the data and replace the frozen copy (if the week
+    /// was closed), returning what changed against it.
+    Recompute,
+}
+
+/// A produced week: its renderings, whether they are the frozen copy, and the figures
+/// that differ between the frozen copy and the data now (empty for an open week).
+#[derive(Debug)]
+pub struct Produced {
+    pub files: Vec<(String, Vec<u8>)>,
+    pub frozen: bool,
+    pub changed: Vec<String>,
+}
+
+/// Builds `week`'s report or serves its frozen copy, as `freeze` says. A week is frozen
+/// when it is delivered or closed, never when it is first looked at: until then every
+/// request reflects the data; after it, the frozen copy is what finance received and
+/// later changes show as a diff against it. `share` is the unallocated idle
+/// presentation of a week built now (a frozen week keeps the one it was built with).
 #[allow(clippy::too_many_arguments)]
 pub async fn produce(
     engine: &QueryEngine,
@@ -302,22 +340,40 @@ pub async fn produce(
     data_dir: &Path,
     week: IsoWeek,
     format: ReportFormat,
-    recompute: bool,
+    freeze: Freeze,
     share: ShareUnallocated,
     now_us: i64,
-) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>), String> {
-    if !recompute && let Some(files) = load_stored(data_dir, week, format) {
-        return Ok((files, Vec::new()));
+) -> Result<Produced, String> {
+    let stored = load_stored(data_dir, week, format);
+    if freeze == Freeze::Close
+        && let Some(files) = stored
+    {
+        return Ok(Produced { files, frozen: true, changed: Vec::new() });
     }
     let fresh = build(engine, book, week, share, now_us, &Scope::All).await?;
-    let mut changed = Vec::new();
-    if recompute && let Ok(old) = std::fs::read_to_string(stored_dir(data_dir, week).join("report.json")) {
-        changed = changes(&old, &fresh)?;
+    let frozen_json = std::fs::read_to_string(stored_dir(data_dir, week).join("report.json")).ok();
+    let changed = match &frozen_json {
+        Some(old) => changes(old, &fresh)?,
+        None => Vec::new(),
+    };
+    match (freeze, stored) {
+        (Freeze::View, Some(files)) => Ok(Produced { files, frozen: true, changed }),
+        (Freeze::View, None) => Ok(Produced { files: render(&fresh, format)?, frozen: false, changed }),
+        (Freeze::Close, _) if week.end_us() > now_us => {
+            Err(format!("{week} has not ended yet ({}); a week can be closed once it is over", ts(week.end_us())))
+        }
+        (Freeze::Close, _) => {
+            store(data_dir, week, &fresh)?;
+            Ok(Produced { files: render(&fresh, format)?, frozen: true, changed })
+        }
+        (Freeze::Recompute, _) => {
+            let frozen = frozen_json.is_some();
+            if frozen {
+                store(data_dir, week, &fresh)?;
+            }
+            Ok(Produced { files: render(&fresh, format)?, frozen, changed })
+        }
     }
-    if week.end_us() <= now_us {
-        store(data_dir, week, &fresh)?;
-    }
-    Ok((render(&fresh, format)?, changed))
 }
 
 /// The first hour of `gpu_cost_hourly` that `scope` can see, if any.

@@ -1,5 +1,5 @@
 //! The weekly report schedule: every Monday (UTC) after `[report] at`, the previous ISO
-//! week's report is produced (and stored, `crate::report::produce`), copied to an export
+//! week's report is produced (and frozen, `crate::report::produce`), copied to an export
 //! directory, e-mailed (SMTP through `lettre`, STARTTLS or implicit TLS over rustls)
 //! and/or posted to a webhook (JSON with a Slack-compatible `text`).
 //!
@@ -10,8 +10,9 @@
 //!                                       last failure of each that has not
 //!    pending = configured deliveries (dir, email, webhook) not yet delivered, and not
 //!              failed less than `retry_after` ago
-//!    produce the week (stored once) → each pending delivery, `tries` attempts with
-//!      doubling pauses from `retry_backoff` → sent.json rewritten after each
+//!    the week's files (its frozen copy, or built now) → each pending delivery, `tries`
+//!      attempts with doubling pauses from `retry_backoff` → the first success freezes
+//!      the week as sent → sent.json rewritten after each
 //!  `apron report --week W --send` (Schedule::send): the same deliveries now; a week
 //!    already delivered is refused unless forced (`--resend`)
 //! ```
@@ -384,9 +385,9 @@ impl Schedule {
             .filter(|d| !record.delivered.contains_key(*d))
             .filter(|d| record.failed.get(*d).is_none_or(|f| now_us >= f.at_us.saturating_add(retry_after)))
             .collect();
-        // Nothing configured: the week is still produced and stored, once.
-        let produce_only = self.config.deliveries().is_empty() && !report::stored_dir(&self.data_dir, week).is_dir();
-        if pending.is_empty() && !produce_only {
+        // Nothing to deliver, nothing to close: a week is frozen when it is delivered
+        // (or closed by hand), so with no deliveries configured it stays open.
+        if pending.is_empty() {
             return ScheduleReport { week: Some(week.to_string()), ..ScheduleReport::default() };
         }
         self.deliver(week, &pending, record, now_us).await
@@ -423,7 +424,7 @@ impl Schedule {
         now_us: i64,
     ) -> ScheduleReport {
         let mut out = ScheduleReport { week: Some(week.to_string()), ..ScheduleReport::default() };
-        let (summary, files) = match self.files(week, now_us).await {
+        let (summary, files, mut frozen) = match self.files(week, now_us).await {
             Ok(v) => v,
             Err(e) => {
                 out.errors.push(format!("producing {week}: {e}"));
@@ -454,6 +455,17 @@ impl Schedule {
             match result {
                 Ok(detail) => {
                     tracing::info!(week = %week, delivery = kind, tries, "{detail}");
+                    // Delivered: the week closes, frozen as what was sent.
+                    if !frozen {
+                        match report::freeze(
+                            &self.data_dir,
+                            week,
+                            files.iter().map(|(n, _, b)| (n.as_str(), b.as_slice())),
+                        ) {
+                            Ok(_) => frozen = true,
+                            Err(e) => out.errors.push(format!("freezing {week}: {e}")),
+                        }
+                    }
                     record.failed.remove(kind);
                     record
                         .delivered
@@ -474,30 +486,34 @@ impl Schedule {
         out
     }
 
-    /// Produces (and stores) the week; its JSON (for the summary) and every file.
-    async fn files(&self, week: IsoWeek, now_us: i64) -> Result<(serde_json::Value, Files), String> {
+    /// The week's files: its frozen copy once it was delivered, else built from the
+    /// data now (frozen by [`Schedule::deliver`] at the first delivery that succeeds);
+    /// its JSON (for the summary), every file, and whether they are the frozen copy.
+    async fn files(&self, week: IsoWeek, now_us: i64) -> Result<(serde_json::Value, Files, bool), String> {
         let mut summary = serde_json::Value::Null;
         let mut files = Files::new();
+        let mut frozen = true;
         for format in [ReportFormat::Json, ReportFormat::Html, ReportFormat::Xlsx, ReportFormat::Csv] {
-            let (rendered, _) = report::produce(
+            let produced = report::produce(
                 &self.engine,
                 self.book.as_ref(),
                 &self.data_dir,
                 week,
                 format,
-                false,
+                report::Freeze::View,
                 self.config.share_unallocated,
                 now_us,
             )
             .await?;
-            for (name, bytes) in rendered {
+            frozen &= produced.frozen;
+            for (name, bytes) in produced.files {
                 if format == ReportFormat::Json {
                     summary = serde_json::from_slice(&bytes).map_err(|e| format!("{name}: {e}"))?;
                 }
                 files.push((name, format.content_type(), bytes));
             }
         }
-        Ok((summary, files))
+        Ok((summary, files, frozen))
     }
 
     fn export(&self, week: IsoWeek, files: &Files) -> Result<String, String> {

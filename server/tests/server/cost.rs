@@ -237,26 +237,25 @@ async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
         assert!(ml.split(',').any(|c| c == v), "{v} not in {ml} (header: {:?})", teams.lines().next());
     }
 
-    // Stored once the week is over; later requests get the same bytes; recomputing
-    // with nothing new changes nothing.
+    // Viewing a finished week stores nothing; closing freezes it, and later requests
+    // get the same bytes; recomputing with nothing new changes nothing.
     let later = week.end_us() + DAY;
     let data = store.data_dir().to_path_buf();
     let book = ledger.price_book();
-    let (first, _) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later)
-            .await
-            .expect("first");
-    assert!(report::stored_dir(&data, week).join("report.xlsx").exists());
-    let (again, _) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, false, ShareUnallocated::None, later + DAY)
-            .await
-            .expect("again");
-    assert_eq!(first, again, "a stored week re-renders identically");
-    let (_, changed) =
-        report::produce(engine, book, &data, week, ReportFormat::Json, true, ShareUnallocated::None, later + DAY)
-            .await
-            .expect("recompute");
-    assert_eq!(changed, Vec::<String>::new());
+    let produce = |freeze, now| {
+        report::produce(engine, book, &data, week, ReportFormat::Json, freeze, ShareUnallocated::None, now)
+    };
+    let viewed = produce(report::Freeze::View, later).await.expect("view");
+    assert!(!viewed.frozen && !report::stored_dir(&data, week).exists(), "a view never freezes");
+    let too_early = produce(report::Freeze::Close, week.end_us() - 1).await.expect_err("close before the end");
+    assert!(too_early.contains("has not ended"), "{too_early}");
+    let first = produce(report::Freeze::Close, later).await.expect("close");
+    assert!(first.frozen && report::stored_dir(&data, week).join("report.xlsx").exists());
+    assert_eq!(first.files, viewed.files, "closing freezes what a view showed");
+    let again = produce(report::Freeze::View, later + DAY).await.expect("again");
+    assert_eq!((first.files, again.changed), (again.files, Vec::new()), "a closed week re-renders identically");
+    let recomputed = produce(report::Freeze::Recompute, later + DAY).await.expect("recompute");
+    assert_eq!(recomputed.changed, Vec::<String>::new());
 
     // Over HTTP, and the idle dollars on the server's /metrics.
     let metrics = apron::ledger::CostMetrics::default();

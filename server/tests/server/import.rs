@@ -159,6 +159,66 @@ async fn an_imported_openmetrics_export_prices_like_the_agent_trace() {
     assert_eq!(count(&agent).await, 7200);
 }
 
+/// A week is frozen when it is closed, not when it is first looked at: a week viewed
+/// before its history was imported shows the imported dollars; once closed, it is
+/// served as frozen and a later import shows as a diff until `--recompute`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_week_viewed_before_its_import_shows_the_imported_dollars() {
+    use apron::report::{self, Freeze, ReportFormat};
+    let now = (D + 7) * DAY;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path()).with_cost(cost(dir.path())).expect("cost");
+    let ledger = server.ledger().expect("ledger").clone();
+    let week = report::current_week(T0).expect("week");
+    let data = dir.path().to_path_buf();
+    let view = |freeze| {
+        let (engine, ledger, data) = (server.engine().clone(), ledger.clone(), data.clone());
+        async move {
+            let share = apron_cost::report::ShareUnallocated::None;
+            let p = report::produce(&engine, ledger.price_book(), &data, week, ReportFormat::Json, freeze, share, now)
+                .await
+                .expect("report");
+            let json: Value = serde_json::from_slice(&p.files[0].1).expect("json");
+            (json["fleet"]["idle_cost_usd"].to_string(), p.frozen, p.changed)
+        }
+    };
+    let import = |text: String| {
+        let server = &server;
+        async move {
+            let file = vec![("gpu.om".to_owned(), text.into_bytes())];
+            let opts = apron_import::ImportOptions::default();
+            apron::import::run(server.store().clone(), server.engine().clone(), file, opts, |_| {})
+                .await
+                .expect("import");
+            let r = server.ledger().expect("ledger").run_once(now).await;
+            assert!(r.errors.is_empty(), "{r:?}");
+        }
+    };
+
+    // Viewed while empty (as a fresh `apron up`'s UI would): nothing is frozen.
+    assert_eq!(view(Freeze::View).await, ("0.0".to_owned(), false, Vec::new()));
+    assert!(!report::stored_dir(&data, week).exists());
+
+    // The week's history arrives: the report shows it. Hand-computed at $0.001/s: 2400 s
+    // stranded in hour 10, 300 s stranded and 1800 s unallocated idle in hour 11.
+    import(openmetrics()).await;
+    assert_eq!(view(Freeze::View).await, ("4.5".to_owned(), false, Vec::new()));
+
+    // Closed: frozen as it is now.
+    assert_eq!(view(Freeze::Close).await, ("4.5".to_owned(), true, Vec::new()));
+    assert!(report::stored_dir(&data, week).join("report.json").exists());
+
+    // A second GPU's history lands after the close: the frozen copy is still served,
+    // with the difference; recomputing replaces it.
+    import(openmetrics().replace("GPU-A", "GPU-B").replace("gpu=\"0\"", "gpu=\"1\"")).await;
+    let (idle, frozen, changed) = view(Freeze::View).await;
+    assert_eq!((idle.as_str(), frozen), ("4.5", true));
+    assert!(changed.iter().any(|c| c == ".fleet.idle_cost_usd: 4.5 → 9.0"), "{changed:#?}");
+    let (idle, frozen, _) = view(Freeze::Recompute).await;
+    assert_eq!((idle.as_str(), frozen), ("9.0", true));
+    assert_eq!(view(Freeze::View).await, ("9.0".to_owned(), true, Vec::new()));
+}
+
 /// `[[scrape]]`: a dcgm-exporter endpoint (here an HTTP server answering like one, with
 /// no timestamps) becomes 15 s windows (t_prev, t]; where an agent already covers the
 /// GPU, the scrape's window is dropped.

@@ -303,6 +303,11 @@ async fn schedule_mails_posts_and_exports_the_previous_week_once() {
     }
     assert_eq!(sent["delivered"]["webhook"]["tries"], 2, "{sent}");
     assert_eq!(sent["failed"], serde_json::json!({}), "{sent}");
+    // Delivered, the week is closed: its frozen copy is byte for byte what was sent.
+    assert_eq!(
+        std::fs::read(data.join("reports/2026-W47/report.html")).expect("frozen at delivery"),
+        std::fs::read(export.join("apron-2026-W47-report.html")).expect("exported")
+    );
 
     // Later passes (and a restart: the record is on disk) send nothing.
     for now in [monday_w48(6, 2), monday_w48(23, 0), monday_w48(30, 0)] {
