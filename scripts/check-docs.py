@@ -216,7 +216,8 @@ def markdown_files(root):
 
 # --- Command lines -------------------------------------------------------------------
 
-SHELL_STOP = {"|", "||", "&&", ";", "&", ")", "(", "{", "}", ">", ">>", "<", "2>", "2>&1", "&>", "#", "…", "..."}
+SHELL_STOP = {"|", "||", "&&", ";", "&", ")", "(", "{", "}", ">", ">>", "<", "2>", "2>&1", "&>", "#"}
+ELLIPSIS = {"…", "...", "[…]", "[...]"}
 
 
 def tokens(command):
@@ -280,7 +281,9 @@ def command_args(words):
     return out
 
 
-HELP_OPTION = re.compile(r"^\s+(?:(-[A-Za-z0-9]),\s+)?(--[A-Za-z0-9][\w-]*)(?:[ =]<[^>]+>)?|^\s+(-[A-Za-z0-9])(?:\s|$)")
+# clap indents option lines by 2 (`  -h, --help`) or 6 (`      --log <LOG>`); the
+# descriptions of `--help`'s long form by 10.
+HELP_OPTION = re.compile(r"^ {2,6}(?:(-[A-Za-z0-9]),\s+)?(--[A-Za-z0-9][\w-]*)(?:[ =]<[^>]+>)?|^ {2,6}(-[A-Za-z0-9])(?:\s|$)")
 HELP_COMMAND = re.compile(r"^  ([a-z][\w-]*)(?:\s{2,}|$)")
 
 
@@ -296,7 +299,7 @@ def parse_help(text):
             m = HELP_OPTION.match(line)
             if m:
                 short, long, lone = m.group(1), m.group(2), m.group(3)
-                takes = bool(re.match(r"^\s+(?:-\w,\s+)?--[\w-]+[ =]<", line))
+                takes = bool(re.match(r"^ {2,6}(?:-\w,\s+)?--[\w-]+[ =]<", line))
                 for f in (short, long, lone):
                     if f:
                         flags[f] = takes
@@ -336,6 +339,9 @@ def check_args(helps, binary, args):
         a = args[i]
         if a == "--":
             break
+        if a in ELLIPSIS:  # `apron report … --close`: elided arguments
+            i += 1
+            continue
         if a.startswith("-") and len(a) > 1 and not re.match(r"^-\d", a):
             name = a.split("=", 1)[0]
             if name.startswith("--") or len(name) == 2:

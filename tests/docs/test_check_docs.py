@@ -89,6 +89,8 @@ class Commands(unittest.TestCase):
     def test_flags_against_help(self):
         h = FakeHelps()
         self.assertEqual(cd.check_args(h, "apron", ["--log", "debug", "up", "--data=d", "--pg", "x"]), [])
+        self.assertEqual(cd.check_args(h, "apron", ["up", "…", "--nope"]),
+                         ["`apron up` has no flag --nope (not in `apron up --help`)"])
         self.assertEqual(cd.check_args(h, "apron", ["pricebook", "show", "f.toml", "--config", "c"]),
                          ["`apron pricebook show` has no flag --config (not in `apron pricebook show --help`)"])
         # prose that names the binary is not a command line; a misspelt subcommand is
