@@ -104,6 +104,20 @@
     }
     return node;
   }
+  /** An owner cell's name: a comma-separated list (several pods) one per line, each
+   *  free to break after a "/" (namespace/pod) before it breaks anywhere. */
+  function ownerName(owner) {
+    const names = String(owner || "").split(",").map((n) => n.trim()).filter(Boolean);
+    if (!names.length) return "—";
+    const line = (n) => el("div", { className: "owner-line" }, ...n.split(/(?<=\/)/).flatMap((p, i) => (i ? [el("wbr"), p] : [p])));
+    return names.length === 1 ? line(names[0]) : el("div", null, ...names.map(line));
+  }
+  /** A short identifier (team, host, GPU model, cluster) on one line, cut with an
+   *  ellipsis past 16em (the whole name in its tooltip). */
+  function ident(text, cls) {
+    if (text == null || text === "") return null;
+    return el("div", { className: "ident" + (cls ? " " + cls : ""), title: String(text) }, String(text));
+  }
   function emptyRow(tbody, cols, text) {
     tbody.replaceChildren(el("tr", null, el("td", { className: "empty", colspan: String(cols) }, text)));
   }
@@ -749,11 +763,11 @@
             el("span", { className: "badge badge-" + String(a.kind) }, String(a.kind || "—").replace(/_/g, " ")),
             a.severity ? el("div", { className: "muted" }, String(a.severity)) : null
           ),
-          el("td", null, a.team || "—"),
-          el("td", null, a.owner || "—", ownerSub ? el("div", { className: "muted" }, ownerSub) : null),
-          el("td", null, a.host || "—", a.cluster ? el("div", { className: "muted" }, String(a.cluster)) : null),
+          el("td", null, ident(a.team || "—")),
+          el("td", { title: a.owner || null }, ownerName(a.owner), ownerSub ? el("div", { className: "muted" }, ownerSub) : null),
+          el("td", null, ident(a.host || "—"), ident(a.cluster, "muted")),
           el("td", { className: "num", title: Array.isArray(a.gpu_uuids) ? a.gpu_uuids.join("\n") : null }, gpus),
-          el("td", { title: a.starts_at || null }, fmtAgo(a.starts_at)),
+          el("td", { className: "when", title: a.starts_at || null }, fmtAgo(a.starts_at)),
           el("td", { className: "num" }, a.idle_s == null ? "—" : fmtDuration(a.idle_s)),
           el("td", { className: "num" }, a.cost_usd == null ? "—" : fmtUSD(a.cost_usd)),
           el("td", { className: "summary-cell" }, a.summary || "")
@@ -796,7 +810,7 @@
     }
     body.replaceChildren(
       ...recs.map((x) => {
-        const where = [x.cluster, x.host, shortModel(x.gpu_model)].filter(Boolean).join(" · ") || "—";
+        const where = [x.cluster, x.host].filter(Boolean).join(" · ") || (x.gpu_model ? "" : "—");
         const summary = el("td", { className: "summary-cell" }, x.summary || "");
         const detail = {};
         if (x.evidence != null) detail.evidence = x.evidence;
@@ -812,9 +826,9 @@
           "tr",
           { dataset: { id: x.id == null ? "" : String(x.id) } },
           el("td", null, el("span", { className: "badge badge-" + String(x.kind) }, String(x.kind || "—"))),
-          el("td", null, x.team || "—"),
-          el("td", null, x.owner || "—", x.owner_kind ? el("div", { className: "muted" }, String(x.owner_kind)) : null),
-          el("td", null, where),
+          el("td", null, ident(x.team || "—")),
+          el("td", { title: x.owner || null }, ownerName(x.owner), x.owner_kind ? el("div", { className: "muted" }, String(x.owner_kind)) : null),
+          el("td", null, ident(where), ident(shortModel(x.gpu_model), "muted")),
           el("td", { className: "num", title: Array.isArray(x.gpus) ? x.gpus.join("\n") : null }, gpus),
           el("td", { className: "num" }, el("strong", null, fmtUSD(x.monthly_savings_usd)), x.savings_kind ? el("div", { className: "muted" }, String(x.savings_kind)) : null),
           el("td", { className: "conf" }, fmtConfidence(x.confidence)),

@@ -18,6 +18,11 @@ flags fit for CI as root (--headless=new --no-sandbox --disable-gpu
   the cent);
 - the heatmap canvas drew cells (canvas#heatmap[data-cells] > 0);
 - the SQL box runs `SELECT 1 AS one` into a one-row table;
+- at 1280 and at 1920 px wide (WIDTHS), with the recommendations' evidence closed and
+  open, nothing scrolls or spills sideways: the document is no wider than the viewport
+  (documentElement.scrollWidth <= innerWidth), no table and no scroll container has
+  scrollWidth > clientWidth, no table is wider than its container and no element leaves
+  the viewport;
 - there was no uncaught exception, no console.error, no CSP violation, no failed load of
   a page asset and no request to another origin. An /api/ answer of 4xx/5xx is logged by
   the browser as a network error; the page handles those (it shows a note), so they are
@@ -26,8 +31,8 @@ flags fit for CI as root (--headless=new --no-sandbox --disable-gpu
 With APRON_UI_TOKEN set (apron serve), the page starts with that API token saved, as if
 entered in its token field.
 
-It saves OUTDIR/ui.png (the full page), also on failure when the page loaded, and prints
-one line per problem. Exit status: 0 passed, 1 a check failed, 2 could not run
+It saves OUTDIR/ui-1280.png and OUTDIR/ui-1920.png (the full page at each width), also on
+failure, and prints one line per problem. Exit status: 0 passed, 1 a check failed, 2 could not run
 (usage, chromium missing, chromium failed to start).
 """
 
@@ -45,7 +50,68 @@ import urllib.parse
 
 LOAD_TIMEOUT_S = 90
 CDP_TIMEOUT_S = 30
-VIEW_W, VIEW_H = 1440, 1000
+VIEW_H = 1000
+# Common desktop widths: the layout check and a screenshot at each; the first is the
+# width the page loads at.
+WIDTHS = (1280, 1920)
+VIEW_W = WIDTHS[0]
+# Pixels of horizontal overflow tolerated (sub-pixel rounding).
+SLACK_PX = 1
+
+# Run in the page: what overflows horizontally. The document wider than the viewport;
+# a table or a scroll container (overflow-x auto or scroll) whose content is wider than
+# its box; a table wider than its parent's content box; a rendered element whose box
+# leaves the viewport at the left or right (the outermost one only, and none inside a
+# box that clips or scrolls: that box is checked itself). Each as {what, by} (by: the
+# excess in px).
+OVERFLOW_JS = r"""
+(() => {
+  const slack = %d;
+  const out = [];
+  const vw = window.innerWidth;
+  const name = (e) => {
+    const parts = [];
+    for (let n = e; n && n !== document.body && parts.length < 4; n = n.parentElement) {
+      let s = n.tagName.toLowerCase();
+      if (n.id) { parts.unshift(s + "#" + n.id); break; }
+      if (typeof n.className === "string" && n.className.trim()) s += "." + n.className.trim().split(/\s+/).join(".");
+      parts.unshift(s);
+    }
+    return parts.join(" > ");
+  };
+  const de = document.documentElement;
+  if (de.scrollWidth > vw + slack) out.push({ what: "document (scrollWidth " + de.scrollWidth + " > innerWidth " + vw + ")", by: de.scrollWidth - vw });
+  const outside = new Set();
+  const clipped = (e) => {
+    for (let n = e.parentElement; n && n !== document.body; n = n.parentElement) {
+      if (getComputedStyle(n).overflowX !== "visible") return true;
+    }
+    return false;
+  };
+  for (const e of document.body.querySelectorAll("*")) {
+    const cs = getComputedStyle(e);
+    if (cs.display === "none" || cs.visibility === "hidden" || !e.getClientRects().length) continue;
+    if (cs.position === "fixed") continue;
+    const scroller = cs.overflowX === "auto" || cs.overflowX === "scroll";
+    if ((scroller || e.tagName === "TABLE") && e.scrollWidth > e.clientWidth + slack) {
+      out.push({ what: name(e) + " scrolls sideways (scrollWidth " + e.scrollWidth + " > clientWidth " + e.clientWidth + ")", by: e.scrollWidth - e.clientWidth });
+    }
+    if (e.tagName === "TABLE" && e.parentElement) {
+      const p = e.parentElement, ps = getComputedStyle(p);
+      const inner = p.clientWidth - parseFloat(ps.paddingLeft) - parseFloat(ps.paddingRight);
+      const w = e.getBoundingClientRect().width;
+      if (w > inner + slack) out.push({ what: name(e) + " is wider than its container (" + Math.ceil(w) + " > " + Math.floor(inner) + ")", by: Math.ceil(w - inner) });
+    }
+    const r = e.getBoundingClientRect();
+    if (r.width > 0 && (r.right > vw + slack || r.left < -slack)) {
+      outside.add(e);
+      if (outside.has(e.parentElement) || clipped(e)) continue;
+      out.push({ what: name(e) + " leaves the viewport (" + Math.round(r.left) + ".." + Math.round(r.right) + " of " + vw + ")", by: Math.ceil(Math.max(r.right - vw, -r.left)) });
+    }
+  }
+  return out;
+})()
+""" % SLACK_PX
 
 
 def die(code, msg):
@@ -177,6 +243,34 @@ class Browser:
         os.close(self._cmd_w)
 
 
+def layout_check(cdp, js, width, loaded, outdir, failures):
+    """At WIDTH px: the overflow check (when the page loaded), then OUTDIR/ui-WIDTH.png of
+    the whole page."""
+    cdp("Emulation.setDeviceMetricsOverride", {"width": width, "height": VIEW_H, "deviceScaleFactor": 1, "mobile": False})
+    if loaded:
+        time.sleep(0.6)  # the page redraws its canvas and chart on resize (150 ms debounce)
+        found = [(o, "") for o in js(OVERFLOW_JS) or []]
+        # Again with every <details> (a recommendation's evidence) open, as a reader has it.
+        opened = js("Array.from(document.querySelectorAll('details:not([open])')).map((d) => (d.open = true, d)).length")
+        if opened:
+            time.sleep(0.2)
+            found += [(o, " (%d <details> open)" % opened) for o in js(OVERFLOW_JS) or []]
+            js("document.querySelectorAll('details[open]').forEach((d) => (d.open = false)), true")
+        if found:
+            for o, how in found:
+                failures.append("at %d px%s: %s: %d px too wide" % (width, how, o["what"], o["by"]))
+        else:
+            print("layout at %d px: nothing overflows sideways (also with %d <details> open)" % (width, opened))
+        h = js("Math.ceil(document.documentElement.scrollHeight)") or VIEW_H
+        cdp("Emulation.setDeviceMetricsOverride", {"width": width, "height": min(max(h, VIEW_H), 8000), "deviceScaleFactor": 1, "mobile": False})
+        time.sleep(0.6)
+    shot = cdp("Page.captureScreenshot", {"format": "png"}, timeout=60)
+    path = os.path.join(outdir, "ui-%d.png" % width)
+    with open(path, "wb") as f:
+        f.write(base64.b64decode(shot["data"]))
+    print("screenshot: " + path)
+
+
 def main():
     if len(sys.argv) != 4:
         die(2, "usage: chromium_check.py URL OUTDIR EXPECTED_TOTAL")
@@ -279,19 +373,13 @@ def main():
                 else:
                     failures.append("the SQL box answered: %r" % js("document.getElementById('sql-error').textContent"))
 
-        # Screenshot of the whole page.
-        try:
-            if loaded:
-                h = js("Math.ceil(document.documentElement.scrollHeight)") or VIEW_H
-                cdp("Emulation.setDeviceMetricsOverride", {"width": VIEW_W, "height": min(max(h, VIEW_H), 8000), "deviceScaleFactor": 1, "mobile": False})
-                time.sleep(0.6)  # the page redraws its canvas and chart on resize (150 ms debounce)
-            shot = cdp("Page.captureScreenshot", {"format": "png"}, timeout=60)
-            path = os.path.join(outdir, "ui.png")
-            with open(path, "wb") as f:
-                f.write(base64.b64decode(shot["data"]))
-            print("screenshot: " + path)
-        except RuntimeError as e:
-            failures.append("screenshot failed: %s" % e)
+        # At each width: nothing wider than the viewport, no table or scroll container
+        # that scrolls sideways; then a screenshot of the whole page.
+        for width in WIDTHS:
+            try:
+                layout_check(cdp, js, width, loaded, outdir, failures)
+            except RuntimeError as e:
+                failures.append("at %d px: %s" % (width, e))
 
         # What the browser reported while all that ran.
         with browser._lock:
