@@ -73,14 +73,17 @@ fn machine_hostname() -> String {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // Colour only for a person at a terminal: files and journald get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()))
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("apron-agent: {e:#}");
+            eprintln!("apron-agent: {}", apron_common::error_chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

@@ -21,6 +21,7 @@
 //!
 //! This crate is deliberately dependency-light: the agent links it and must stay small.
 
+pub mod chain;
 pub mod field;
 pub mod ids;
 #[cfg(feature = "serve")]
@@ -33,6 +34,7 @@ pub mod window;
 #[cfg(feature = "arrow")]
 pub mod wire;
 
+pub use chain::error_chain;
 pub use field::{Aggregation, Field, FieldKind};
 pub use ids::{ClusterName, GpuUuid, HostName, TeamName, UnixMicros, civil_from_days, days_from_civil, parse_date};
 pub use window::{FieldStats, GpuHolder, GpuIdentity, GpuWindow, HolderKind, ProcessRow};

@@ -112,6 +112,19 @@ pub struct TeamConfig {
     pub interruptible: Vec<InterruptibleRule>,
 }
 
+impl TeamConfig {
+    /// No map and no rule: every GPU resolves by its labels alone.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+            && self.slurm_accounts.is_empty()
+            && self.gpus.is_empty()
+            && self.hosts.is_empty()
+            && self.users.is_empty()
+            && self.workload_kind.is_empty()
+            && self.interruptible.is_empty()
+    }
+}
+
 impl Default for TeamConfig {
     fn default() -> Self {
         TeamConfig {

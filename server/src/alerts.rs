@@ -119,6 +119,7 @@ pub struct Alerts {
     path: PathBuf,
     /// One pass at a time (evaluation + delivery).
     pass: tokio::sync::Mutex<()>,
+    kick: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Alerts {
@@ -158,6 +159,7 @@ impl Alerts {
             metrics,
             path,
             pass: tokio::sync::Mutex::new(()),
+            kick: tokio::sync::Notify::new(),
         };
         a.publish();
         a
@@ -475,12 +477,21 @@ impl Alerts {
         }
     }
 
-    /// Evaluates and delivers every `interval` until dropped.
+    /// Asks the running loop for a pass now (e.g. after a seeded history landed, so a
+    /// first start never shows "nothing firing" beside stranded GPUs).
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Evaluates and delivers every `interval`, and when kicked, until dropped.
     pub async fn run(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.kick.notified() => {}
+            }
             let _one = self.pass.lock().await;
             let now = UnixMicros::now().0;
             if let Err(e) = self.evaluate_at(now).await {

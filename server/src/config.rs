@@ -293,6 +293,15 @@ impl FileConfig {
         FileConfig::parse(&text, path)
     }
 
+    /// The top-level sections (tables and arrays of tables) a config file sets.
+    pub fn sections_in(path: &Path) -> Result<Vec<String>, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let table: toml::Table = toml::from_str(&text)
+            .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string().trim().to_owned() })?;
+        Ok(table.keys().cloned().collect())
+    }
+
     pub fn parse(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
         toml::from_str(text)
             .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string().trim().to_owned() })

@@ -9,27 +9,36 @@ use apron::{Access, FileConfig, Overrides, Server};
 use apron_agent::config::SourceKind;
 use clap::Parser;
 
-/// Apron: GPU utilisation, idle time and its cost.
+/// Apron: GPU utilisation, idle time and its cost — the server (`serve`), the
+/// all-in-one (`up`), and the tools that read what they store.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     #[command(subcommand)]
     command: Command,
     /// Log filter (tracing EnvFilter syntax), e.g. info or apron_collector=debug.
     #[arg(long, env = "APRON_LOG", default_value = "info", global = true)]
     log: String,
+}
+
+/// Request tracing, for the commands that serve requests.
+#[derive(Debug, Clone, clap::Args)]
+struct TraceArgs {
     /// Export the server's request spans to this OTLP endpoint, e.g. http://otel-collector:4317.
-    #[arg(long, env = "APRON_OTLP_TRACES", global = true)]
+    #[arg(long, env = "APRON_OTLP_TRACES")]
     otlp_traces: Option<String>,
     /// Transport for --otlp-traces.
-    #[arg(long, env = "APRON_OTLP_TRACES_PROTOCOL", default_value = "grpc", value_parser = ["grpc", "http/protobuf"], global = true)]
+    #[arg(long, env = "APRON_OTLP_TRACES_PROTOCOL", default_value = "grpc", value_parser = ["grpc", "http/protobuf"])]
     otlp_traces_protocol: String,
 }
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// The server for a deployment: ingest from agents, storage.
+    /// The server for a deployment: ingest from agents, storage, SQL (HTTP and
+    /// PostgreSQL), the cost ledger, alerts, recommendations, reports and the web UI.
     Serve {
+        #[command(flatten)]
+        trace: TraceArgs,
         /// Config file (TOML). Flags and APRON_* environment variables override it.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -156,6 +165,8 @@ enum Command {
     /// All in one on this machine: the server and an agent on the local GPUs (or a
     /// simulated fleet), on loopback.
     Up {
+        #[command(flatten)]
+        trace: TraceArgs,
         /// HTTP listen address, loopback only (port 0 picks a free port).
         #[arg(long, env = "APRON_HTTP", default_value = DEFAULT_HTTP)]
         http: SocketAddr,
@@ -169,6 +180,17 @@ enum Command {
         /// On first start with the simulator, the history to generate (0s: none).
         #[arg(long, env = "APRON_BACKFILL", default_value = "24h", value_parser = humantime::parse_duration)]
         backfill: std::time::Duration,
+        /// Where the GPUs come from: auto (NVML, else the simulator), nvml, sim, or none
+        /// (no agent: browse imported history or [[scrape]] targets). The simulator
+        /// never writes into a data directory that holds other data.
+        #[arg(long, env = "APRON_SOURCE", value_enum, default_value_t = apron::up::UpSource::Auto)]
+        source: apron::up::UpSource,
+        /// `apron serve`'s config file, for what it says about computing: [storage]
+        /// (--data wins), [query], [rollup], [cost] (price book, teams), [report],
+        /// [alerts], [recommend], [[scrape]]. Listening and credentials stay `apron
+        /// up`'s own (loopback, no tokens).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -177,7 +199,7 @@ fn main() -> std::process::ExitCode {
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("apron: {e:#}");
+            eprintln!("apron: {}", apron_common::error_chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }
@@ -189,25 +211,31 @@ fn run(args: Args) -> anyhow::Result<()> {
         .thread_name("apron")
         .build()
         .context("starting the async runtime")?;
-    let otlp = args.otlp_traces.clone().map(|endpoint| apron::telemetry::OtlpTracing {
-        protocol: if args.otlp_traces_protocol == "http/protobuf" {
+    let trace = match &args.command {
+        Command::Serve { trace, .. } | Command::Up { trace, .. } => Some(trace),
+        _ => None,
+    };
+    let otlp = trace.and_then(|t| t.otlp_traces.clone()).map(|endpoint| apron::telemetry::OtlpTracing {
+        protocol: if trace.is_some_and(|t| t.otlp_traces_protocol == "http/protobuf") {
             apron::telemetry::TraceProtocol::HttpProtobuf
         } else {
             apron::telemetry::TraceProtocol::Grpc
         },
         ..apron::telemetry::OtlpTracing::new(endpoint)
     });
+    // Colour only for a person at a terminal: files and journald get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     // Inside the runtime (the gRPC channel runs on it). Declared after `rt`, so it is
     // dropped first, outside block_on, flushing the last spans.
     let _telemetry = {
         let _enter = rt.enter();
-        apron::telemetry::init_tracing(&args.log, otlp.as_ref()).map_err(anyhow::Error::msg)?
+        apron::telemetry::init_tracing(&args.log, ansi, otlp.as_ref()).map_err(anyhow::Error::msg)?
     };
     match args.command {
         Command::Sql { query, format, server, data, token } => {
             rt.block_on(sql_command(query, format, server, data, token))
         }
-        Command::Serve { config, http, data, ingest_token, sql_token, pg } => {
+        Command::Serve { trace: _, config, http, data, ingest_token, sql_token, pg } => {
             let file = match &config {
                 Some(path) => FileConfig::load(path)?,
                 None => FileConfig::default(),
@@ -274,8 +302,26 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::Import { files, data, cluster, host, max_gap } => {
             rt.block_on(import_command(files, data, cluster, host, max_gap))
         }
-        Command::Up { http, data, pg, backfill } => rt.block_on(async move {
-            let options = UpOptions { http, data_dir: data, pg, hostname: machine_hostname(), backfill };
+        Command::Up { trace: _, http, data, pg, backfill, source, config } => rt.block_on(async move {
+            let config = match config {
+                Some(path) => {
+                    let ignored = FileConfig::sections_in(&path)?
+                        .into_iter()
+                        .filter(|s| apron::up::IGNORED_SECTIONS.contains(&s.as_str()))
+                        .collect::<Vec<_>>();
+                    if !ignored.is_empty() {
+                        eprintln!(
+                            "apron up: {} sets [{}], which apron up ignores (it listens on loopback only, without tokens)",
+                            path.display(),
+                            ignored.join("], [")
+                        );
+                    }
+                    Some(FileConfig::load(&path)?)
+                }
+                None => None,
+            };
+            let options =
+                UpOptions { http, data_dir: data, pg, hostname: machine_hostname(), backfill, source, config };
             let up = Up::start(options).await?;
             let shutdown = shutdown_signal();
             print_up(&up);
@@ -682,17 +728,22 @@ fn print_up(up: &Up) {
     println!("  http           {}", e.http);
     println!("  metrics        {}", e.metrics);
     println!("  ingest         {}", e.ingest);
-    println!("  agent metrics  {}", e.agent_metrics);
+    match &e.agent_metrics {
+        Some(m) => println!("  agent metrics  {m}"),
+        None => println!("  agent metrics  (no agent)"),
+    }
     println!(
         "  sql            POST {}/api/v1/sql   e.g. apron sql --server {} \"SELECT count(*) FROM gpu_samples\"",
         e.http, e.http
     );
     match (c.kind, &c.fallback_reason) {
-        (SourceKind::Nvml, _) => println!("  GPU source     nvml: {} GPU(s) on this machine", c.gpus),
-        (SourceKind::Sim, Some(why)) => {
+        (Some(SourceKind::Nvml), _) => println!("  GPU source     nvml: {} GPU(s) on this machine", c.gpus),
+        (Some(SourceKind::Sim), Some(why)) => {
             println!("  GPU source     sim: a simulated fleet of {} GPUs ({why})", c.gpus)
         }
-        (SourceKind::Sim, None) => println!("  GPU source     sim: a simulated fleet of {} GPUs", c.gpus),
+        (Some(SourceKind::Sim), None) => println!("  GPU source     sim: a simulated fleet of {} GPUs", c.gpus),
+        (None, Some(why)) => println!("  GPU source     none: {why}"),
+        (None, None) => println!("  GPU source     none (--source none): the data directory's history only"),
     }
     if let Some((host, port)) =
         e.postgres.rsplit_once('@').and_then(|(_, a)| a.split_once('/')).and_then(|(a, _)| a.rsplit_once(':'))

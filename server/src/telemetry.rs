@@ -139,11 +139,12 @@ impl Drop for TracingGuard {
 }
 
 /// Installs the process's tracing subscriber: logs on stderr filtered by `filter`
-/// (EnvFilter syntax; an invalid filter falls back to `info`) and, with `otlp`, request
+/// (EnvFilter syntax; an invalid filter falls back to `info`), coloured when `ansi`
+/// (the binary decides: a terminal, no `NO_COLOR`), and, with `otlp`, request
 /// spans exported there. Call it once, inside the Tokio runtime (`runtime.enter()`)
 /// when `otlp` is gRPC: the channel's connection task runs on it.
-pub fn init_tracing(filter: &str, otlp: Option<&OtlpTracing>) -> Result<TracingGuard, String> {
-    let (subscriber, guard) = build(filter, otlp)?;
+pub fn init_tracing(filter: &str, ansi: bool, otlp: Option<&OtlpTracing>) -> Result<TracingGuard, String> {
+    let (subscriber, guard) = build(filter, ansi, otlp)?;
     tracing::subscriber::set_global_default(subscriber)
         .map_err(|e| format!("a tracing subscriber is already installed: {e}"))?;
     Ok(guard)
@@ -157,9 +158,11 @@ fn env_filter(filter: &str) -> EnvFilter {
 /// thread with `tracing::subscriber::set_default`).
 pub fn build(
     filter: &str,
+    ansi: bool,
     otlp: Option<&OtlpTracing>,
 ) -> Result<(impl tracing::Subscriber + Send + Sync + 'static, TracingGuard), String> {
     let logs = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .with_filter(env_filter(filter).and(filter_fn(|m| m.target() != REQUEST_TARGET)));
     let (otel, guard) = match otlp {
@@ -401,7 +404,8 @@ mod tests {
     #[tokio::test]
     async fn a_request_span_reaches_an_otlp_grpc_receiver() {
         let (addr, log) = receiver().await;
-        let (subscriber, guard) = build("info", Some(&OtlpTracing::new(format!("http://{addr}")))).expect("builds");
+        let (subscriber, guard) =
+            build("info", false, Some(&OtlpTracing::new(format!("http://{addr}")))).expect("builds");
         let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
         let parent_id = "00f067aa0ba902b7";
         let answer = {
@@ -451,7 +455,7 @@ mod tests {
         });
         let mut config = OtlpTracing::new(format!("http://{addr}"));
         config.protocol = TraceProtocol::HttpProtobuf;
-        let (subscriber, guard) = build("info", Some(&config)).expect("builds");
+        let (subscriber, guard) = build("info", false, Some(&config)).expect("builds");
         {
             let _scope = tracing::subscriber::set_default(subscriber);
             one_request("not a traceparent").await;
@@ -465,7 +469,7 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_with_the_value() {
-        let err = |t: OtlpTracing| build("info", Some(&t)).err().unwrap_or_default();
+        let err = |t: OtlpTracing| build("info", false, Some(&t)).err().unwrap_or_default();
         assert!(err(OtlpTracing::new("collector:4317")).contains("collector:4317"));
         let mut t = OtlpTracing::new("http://c:4317");
         t.sample_ratio = 2.0;

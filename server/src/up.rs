@@ -2,9 +2,14 @@
 //!
 //! ```text
 //!  Up::start: refuse non-loopback → bind HTTP → Store::open(<data>) (first start? hook)
-//!             → random ingest token → GPU source: nvml, else sim (and why)
+//!             → random ingest token → GPU source (--source): auto = nvml, else sim;
+//!               sim only where no other data is (a host in gpu_samples that is not
+//!               the simulator's: sim refused, auto runs without an agent); none
 //!             → bind the agent's /metrics on 127.0.0.1:0
-//!  Up::run:   write <data>/endpoints.json (atomically) → agent ──HTTP ingest──► server
+//!             → --config: apron serve's sections about computing ([storage] but --data,
+//!               [query], [rollup], [cost], [report], [alerts], [recommend], [[scrape]])
+//!  Up::run:   seed (sim, first start) → kick the ledger, recommender and alerts
+//!             → write <data>/endpoints.json (atomically) → agent ──HTTP ingest──► server
 //!             shutdown: agent first (its last batches ship), then the server drains and
 //!             persists
 //! ```
@@ -42,8 +47,21 @@ const EXAMPLE_PRICES: &str = include_str!("../../deploy/pricebook.example.toml")
 /// The simulated fleet's team maps.
 const SIM_TEAMS: &str = include_str!("../../deploy/teams.sim.toml");
 
+/// `apron up --source`: where the in-process agent's GPUs come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpSource {
+    /// NVML when it finds a GPU, else the simulator (in a data directory of its own).
+    Auto,
+    /// NVML only: no GPU is an error.
+    Nvml,
+    /// The simulated fleet; refused in a data directory that holds other data.
+    Sim,
+    /// No agent: browse imported history, or what `[[scrape]]` targets send.
+    None,
+}
+
 /// What `apron up` was asked for.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct UpOptions {
     pub http: SocketAddr,
     pub data_dir: PathBuf,
@@ -54,7 +72,16 @@ pub struct UpOptions {
     /// On a new data directory with the simulator: how much history to generate first
     /// (zero: none).
     pub backfill: Duration,
+    pub source: UpSource,
+    /// `--config`: `apron serve`'s file. `apron up` takes the sections that describe
+    /// what is computed — `[storage]` (but `--data`), `[query]`, `[rollup]`, `[cost]`,
+    /// `[report]`, `[alerts]`, `[recommend]`, `[[scrape]]` — and ignores those about
+    /// listening and credentials (it serves loopback only, without tokens).
+    pub config: Option<crate::config::FileConfig>,
 }
+
+/// The sections of `apron serve`'s config that `apron up` does not use.
+pub const IGNORED_SECTIONS: [&str; 5] = ["server", "ingest", "sql", "pg", "tokens"];
 
 /// The URLs `apron up` serves, as written to `endpoints.json`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -62,7 +89,9 @@ pub struct Endpoints {
     pub http: String,
     pub metrics: String,
     pub ingest: String,
-    pub agent_metrics: String,
+    /// The in-process agent's `/metrics` (none with `--source none`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_metrics: Option<String>,
     /// `postgresql://apron@127.0.0.1:5433/apron`
     pub postgres: String,
 }
@@ -70,19 +99,26 @@ pub struct Endpoints {
 /// Which GPU source the agent runs, and why.
 #[derive(Debug, Clone)]
 pub struct SourceChoice {
-    pub kind: SourceKind,
+    /// None: no agent (`--source none`, or the simulator kept out of a directory with
+    /// other data).
+    pub kind: Option<SourceKind>,
     pub gpus: usize,
-    /// Why NVML was not used, when the simulator runs instead.
+    /// Why NVML (or, for no agent, the simulator) was not used.
     pub fallback_reason: Option<String>,
+}
+
+/// The in-process agent: its config, source and `/metrics` listener.
+struct Agent {
+    config: AgentConfig,
+    source: Box<dyn GpuSource>,
+    listener: tokio::net::TcpListener,
 }
 
 /// A started `apron up`: bound, store open, source chosen; [`Up::run`] serves.
 pub struct Up {
     server: Server,
     listener: tokio::net::TcpListener,
-    agent_listener: tokio::net::TcpListener,
-    agent_config: AgentConfig,
-    source: Box<dyn GpuSource>,
+    agent: Option<Agent>,
     choice: SourceChoice,
     endpoints: Endpoints,
     data_dir: PathBuf,
@@ -97,7 +133,7 @@ impl std::fmt::Debug for Up {
 }
 
 impl Up {
-    pub async fn start(options: UpOptions) -> Result<Up, ServerError> {
+    pub async fn start(mut options: UpOptions) -> Result<Up, ServerError> {
         for addr in [options.http, options.pg] {
             if !addr.ip().is_loopback() {
                 return Err(ServerError::NotLoopback(addr));
@@ -122,61 +158,57 @@ impl Up {
         // The store creates its WAL directory on first open: none yet is a new store.
         let first_start = !data_dir.join("wal").exists();
         let token = random_token()?;
-        let store_config = StoreConfig { data_dir: data_dir.clone(), ..StoreConfig::default() };
+        let configured = options.config.is_some();
+        let file = options.config.take().unwrap_or_default();
+        let store_config = StoreConfig { data_dir: data_dir.clone(), ..file.storage };
         let ingest = IngestOptions { tokens: vec![token.clone()], ..IngestOptions::default() };
-        let server = tokio::task::spawn_blocking(move || {
-            Server::open(store_config, ingest, apron_query::QueryConfig::default(), crate::Access::Loopback)
-        })
-        .await
-        .map_err(|e| ServerError::Task(e.to_string()))??;
+        let query = file.query;
+        let server =
+            tokio::task::spawn_blocking(move || Server::open(store_config, ingest, query, crate::Access::Loopback))
+                .await
+                .map_err(|e| ServerError::Task(e.to_string()))??;
 
-        let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|source| ServerError::Io { what: "cannot listen for the agent's /metrics".into(), source })?;
-        let agent_addr = agent_listener.local_addr().map_err(ServerError::Serve)?;
-        let (agent_config, source, choice) = open_agent(&options, &data_dir, addr, agent_addr, token)?;
-        // Dollars from the first run: the example price book, written next to the data
-        // (and said so in every report it prices).
-        let book = data_dir.join(EXAMPLE_PRICE_BOOK);
-        if !book.exists() {
-            std::fs::write(&book, EXAMPLE_PRICES)
-                .map_err(|source| ServerError::Io { what: format!("cannot write {}", book.display()), source })?;
+        let (agent, choice) = open_agent(&options, &server, &data_dir, addr, token).await?;
+        // Dollars from the first run: the config's price book, else the example one,
+        // written next to the data (and said so in every report it prices).
+        let mut cost = file.cost;
+        if cost.price_book.is_none() {
+            let book = data_dir.join(EXAMPLE_PRICE_BOOK);
+            if !book.exists() {
+                std::fs::write(&book, EXAMPLE_PRICES)
+                    .map_err(|source| ServerError::Io { what: format!("cannot write {}", book.display()), source })?;
+            }
+            cost.price_book = Some(book);
         }
-        let mut cost = crate::ledger::CostConfig {
-            price_book: Some(book),
-            interval: std::time::Duration::from_secs(60),
-            ..crate::ledger::CostConfig::default()
-        };
-        if choice.kind == SourceKind::Sim {
+        if !configured {
+            // Without a config, price each minute: a first start shows dollars soon.
+            cost.interval = std::time::Duration::from_secs(60);
+        }
+        if choice.kind == Some(SourceKind::Sim) && cost.teams.is_empty() {
             // The simulated organisation: its namespaces and Slurm accounts → teams.
             cost.teams = apron_cost::TeamConfig::from_toml(SIM_TEAMS).map_err(|e| ServerError::Cost(e.to_string()))?;
         }
         let server = server
+            .with_rollup(file.rollup)
             .with_cost(cost)?
-            .with_alerts(crate::alerts::AlertsConfig::default())
-            .with_recommend(crate::recommend::RecommendSettings::default())
+            .with_report(file.report)
+            .with_alerts(file.alerts)
+            .with_recommend(file.recommend)
+            .with_scrape(file.scrape)?
             .with_pg(pg_listener, crate::pg::PgAuth::Trust { user: crate::pg::UP_USER.to_owned() }, None);
 
         let http = format!("http://{addr}");
         let endpoints = Endpoints {
             metrics: format!("{http}/metrics"),
             ingest: format!("{http}{}", apron_collector::http::INGEST_PATH),
-            agent_metrics: format!("http://{agent_addr}/metrics"),
+            agent_metrics: agent
+                .as_ref()
+                .and_then(|a| a.listener.local_addr().ok())
+                .map(|a| format!("http://{a}/metrics")),
             postgres: format!("postgresql://{}@{pg_addr}/apron", crate::pg::UP_USER),
             http,
         };
-        Ok(Up {
-            server,
-            listener,
-            agent_listener,
-            agent_config,
-            source,
-            choice,
-            endpoints,
-            data_dir,
-            first_start,
-            backfill: options.backfill,
-        })
+        Ok(Up { server, listener, agent, choice, endpoints, data_dir, first_start, backfill: options.backfill })
     }
 
     pub fn endpoints(&self) -> &Endpoints {
@@ -204,47 +236,59 @@ impl Up {
         let mut seeding = None;
         if self.first_start {
             on_first_start(self.server.store(), &self.choice);
-            if self.choice.kind == SourceKind::Sim && !self.backfill.is_zero() {
-                let sim = SimSource::new(&self.agent_config.sim, self.agent_config.cluster.clone())
-                    .map_err(|e| ServerError::Agent(e.to_string()))?;
-                let (store, span, window) = (self.server.store().clone(), self.backfill, self.agent_config.window);
-                println!(
-                    "  seeding        the last {} of simulated history (in the background)…",
-                    humantime::format_duration(span)
-                );
-                let ledger = self.server.ledger().cloned();
-                let recommender = self.server.recommender().cloned();
-                seeding = Some(tokio::task::spawn_blocking(move || {
-                    match crate::backfill::run(&store, &sim, UnixMicros::now(), span, window) {
-                        Ok(done) => {
-                            println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes);
-                            // Price the seeded history now rather than at the next tick.
-                            if let Some(l) = ledger {
-                                l.kick();
-                            }
-                            if let Some(r) = recommender {
-                                r.kick();
-                            }
+        }
+        if let Some(agent) = self.agent.as_ref().filter(|a| self.first_start && a.config.source == SourceKind::Sim)
+            && !self.backfill.is_zero()
+        {
+            let sim = SimSource::new(&agent.config.sim, agent.config.cluster.clone())
+                .map_err(|e| ServerError::Agent(e.to_string()))?;
+            let (store, span, window) = (self.server.store().clone(), self.backfill, agent.config.window);
+            println!(
+                "  seeding        the last {} of simulated history (in the background)…",
+                humantime::format_duration(span)
+            );
+            let ledger = self.server.ledger().cloned();
+            let recommender = self.server.recommender().cloned();
+            let alerts = self.server.alerts().cloned();
+            seeding = Some(tokio::task::spawn_blocking(move || {
+                match crate::backfill::run(&store, &sim, UnixMicros::now(), span, window) {
+                    Ok(done) => {
+                        println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes);
+                        // Price the seeded history and look for stranded GPUs now rather
+                        // than at the next tick: the first page never says "nothing is
+                        // firing" beside a red heatmap.
+                        if let Some(l) = ledger {
+                            l.kick();
                         }
-                        Err(e) => tracing::error!("seeding simulated history failed: {e}"),
+                        if let Some(r) = recommender {
+                            r.kick();
+                        }
+                        if let Some(a) = alerts {
+                            a.kick();
+                        }
                     }
-                }));
-            }
+                    Err(e) => tracing::error!("seeding simulated history failed: {e}"),
+                }
+            }));
         }
         write_endpoints(&self.data_dir, &self.endpoints)?;
 
         let (stop_agent, agent_stopped) = tokio::sync::oneshot::channel::<()>();
-        let grace = self.agent_config.shipper.as_ref().map_or(Duration::ZERO, |s| s.request_timeout);
-        let agent = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = agent_stopped.await;
-            };
-            if let Err(e) = apron_agent::run(self.agent_config, self.source, self.agent_listener, shutdown).await {
-                tracing::error!("the in-process agent stopped: {e}");
-            }
+        let grace =
+            self.agent.as_ref().and_then(|a| a.config.shipper.as_ref()).map_or(Duration::ZERO, |s| s.request_timeout);
+        let agent = self.agent.map(|Agent { config, source, listener }| {
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = agent_stopped.await;
+                };
+                if let Err(e) = apron_agent::run(config, source, listener, shutdown).await {
+                    tracing::error!("the in-process agent stopped: {e}");
+                }
+            })
         });
         let server_shutdown = async move {
             shutdown.await;
+            let Some(agent) = agent else { return };
             tracing::info!("stopping the in-process agent; its last batches ship first");
             let _ = stop_agent.send(());
             // The agent bounds its own shutdown (samplers, then one request timeout for
@@ -269,7 +313,7 @@ impl Up {
 fn on_first_start(store: &Store, choice: &SourceChoice) {
     tracing::info!(
         data_dir = %store.data_dir().display(),
-        source = source_name(choice.kind),
+        source = choice.kind.map_or("none", source_name),
         "first start: created a new data directory"
     );
 }
@@ -281,43 +325,93 @@ fn source_name(kind: SourceKind) -> &'static str {
     }
 }
 
-/// The agent's configuration as `apron up` sets it, and its source: NVML, or the
-/// simulator when NVML has no library, no driver or no GPU.
-fn open_agent(
+/// The in-process agent as `apron up` configures it, and its source, as `--source`
+/// asks: NVML; the simulator (`auto` falls back to it when NVML has no library, no
+/// driver or no GPU) — but never into a data directory holding other GPUs' data, so
+/// simulated hosts are not mixed into imported or real history; or none.
+async fn open_agent(
     options: &UpOptions,
+    server: &Server,
     data_dir: &Path,
-    server: SocketAddr,
-    agent_listen: SocketAddr,
+    server_addr: SocketAddr,
     token: String,
-) -> Result<(AgentConfig, Box<dyn GpuSource>, SourceChoice), ServerError> {
+) -> Result<(Option<Agent>, SourceChoice), ServerError> {
+    if options.source == UpSource::None {
+        return Ok((None, SourceChoice { kind: None, gpus: 0, fallback_reason: None }));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| ServerError::Io { what: "cannot listen for the agent's /metrics".into(), source })?;
+    let agent_listen = listener.local_addr().map_err(ServerError::Serve)?;
     let mut file = AgentFile::default();
     file.shipper.spool_dir = Some(data_dir.join("agent-spool"));
     file.shipper.flush_interval = Some(AGENT_FLUSH_INTERVAL.to_owned());
     let overrides = AgentOverrides {
-        source: Some(SourceKind::Nvml),
+        source: Some(if options.source == UpSource::Sim { SourceKind::Sim } else { SourceKind::Nvml }),
         listen: Some(agent_listen.to_string()),
-        collector: Some(format!("http://{server}")),
+        collector: Some(format!("http://{server_addr}")),
         collector_token: Some(token),
         hostname: Some(options.hostname.clone()),
         ..AgentOverrides::default()
     };
     let mut config = file.resolve(overrides, &options.hostname).map_err(|e| ServerError::Agent(e.to_string()))?;
-    let (source, fallback_reason) = match apron_agent::open_source(&config) {
-        Ok(s) => (s, None),
-        Err(AgentError::Nvml(
-            e @ (NvmlSourceError::Load { .. } | NvmlSourceError::Init { .. } | NvmlSourceError::NoGpus { .. }),
-        )) => {
-            config.source = SourceKind::Sim;
-            let s = apron_agent::open_source(&config).map_err(|e| ServerError::Agent(e.to_string()))?;
-            // The agent's message ends with advice for its own command line; keep the cause.
-            let reason = e.to_string();
-            let reason = reason.split(". ").next().unwrap_or(&reason).trim_end_matches('.').to_owned();
-            (s, Some(reason))
+    let mut fallback_reason = None;
+    if config.source == SourceKind::Nvml {
+        match apron_agent::open_source(&config) {
+            Ok(source) => {
+                let choice =
+                    SourceChoice { kind: Some(SourceKind::Nvml), gpus: source.inventory().len(), fallback_reason };
+                return Ok((Some(Agent { config, source, listener }), choice));
+            }
+            Err(AgentError::Nvml(
+                e @ (NvmlSourceError::Load { .. } | NvmlSourceError::Init { .. } | NvmlSourceError::NoGpus { .. }),
+            )) if options.source == UpSource::Auto => {
+                // The agent's message ends with advice for its own command line; keep the cause.
+                let reason = e.to_string();
+                fallback_reason = Some(reason.split(". ").next().unwrap_or(&reason).trim_end_matches('.').to_owned());
+                config.source = SourceKind::Sim;
+            }
+            Err(e) => return Err(ServerError::Agent(e.to_string())),
         }
-        Err(e) => return Err(ServerError::Agent(e.to_string())),
-    };
-    let choice = SourceChoice { kind: config.source, gpus: source.inventory().len(), fallback_reason };
-    Ok((config, source, choice))
+    }
+    if let Some(host) = foreign_host(server, &config.sim.host_prefix).await? {
+        let why = format!(
+            "{} holds data that the simulator did not write (host {host:?}); the simulator never writes into it",
+            data_dir.display()
+        );
+        if options.source == UpSource::Sim {
+            return Err(ServerError::Agent(format!(
+                "{why}: run `apron up --source none` to browse it, or give the simulator a new --data directory"
+            )));
+        }
+        let reason = match fallback_reason {
+            Some(nvml) => format!("{nvml}; {why}"),
+            None => why,
+        };
+        return Ok((None, SourceChoice { kind: None, gpus: 0, fallback_reason: Some(reason) }));
+    }
+    let source = apron_agent::open_source(&config).map_err(|e| ServerError::Agent(e.to_string()))?;
+    let choice = SourceChoice { kind: Some(SourceKind::Sim), gpus: source.inventory().len(), fallback_reason };
+    Ok((Some(Agent { config, source, listener }), choice))
+}
+
+/// A host in the data directory's `gpu_samples` that is not the simulator's, if any
+/// (rows still in the write-ahead log included).
+async fn foreign_host(server: &Server, sim_prefix: &str) -> Result<Option<String>, ServerError> {
+    let sql = format!(
+        "SELECT \"host\" FROM gpu_samples WHERE NOT starts_with(\"host\", {}) LIMIT 1",
+        crate::ledger::sql_str(sim_prefix)
+    );
+    let r = server
+        .engine()
+        .execute_internal(&sql)
+        .await
+        .map_err(|e| ServerError::Agent(format!("cannot read the data directory's hosts: {e}")))?;
+    use datafusion::arrow::array::AsArray;
+    let Some(b) = r.batches.iter().find(|b| b.num_rows() > 0) else { return Ok(None) };
+    let host = datafusion::arrow::compute::cast(b.column(0), &datafusion::arrow::datatypes::DataType::Utf8)
+        .map_err(|e| ServerError::Agent(format!("cannot read the data directory's hosts: {e}")))?;
+    Ok(Some(host.as_string::<i32>().value(0).to_owned()))
 }
 
 /// 32 random bytes, hex: the ingest token of this run.
@@ -361,7 +455,7 @@ mod tests {
             http: "http://127.0.0.1:1".into(),
             metrics: "http://127.0.0.1:1/metrics".into(),
             ingest: "http://127.0.0.1:1/api/v1/ingest".into(),
-            agent_metrics: "http://127.0.0.1:2/metrics".into(),
+            agent_metrics: Some("http://127.0.0.1:2/metrics".into()),
             postgres: "postgresql://apron@127.0.0.1:3/apron".into(),
         };
         write_endpoints(dir.path(), &e).expect("write");
@@ -375,19 +469,19 @@ mod tests {
 
     #[tokio::test]
     async fn up_refuses_non_loopback_addresses() {
-        let o = UpOptions {
-            http: "0.0.0.0:0".parse().expect("addr"),
+        let options = |http: &str, pg: &str| UpOptions {
+            http: http.parse().expect("addr"),
             data_dir: "/nonexistent".into(),
-            pg: "127.0.0.1:0".parse().expect("addr"),
+            pg: pg.parse().expect("addr"),
             hostname: "h".into(),
             backfill: Duration::ZERO,
+            source: UpSource::Auto,
+            config: None,
         };
-        let e = Up::start(o.clone()).await.expect_err("refused");
+        let e = Up::start(options("0.0.0.0:0", "127.0.0.1:0")).await.expect_err("refused");
         assert!(e.to_string().contains("loopback"), "{e}");
         // The PostgreSQL port too.
-        let o =
-            UpOptions { http: "127.0.0.1:0".parse().expect("addr"), pg: "0.0.0.0:5433".parse().expect("addr"), ..o };
-        let e = Up::start(o).await.expect_err("refused");
+        let e = Up::start(options("127.0.0.1:0", "0.0.0.0:5433")).await.expect_err("refused");
         assert!(e.to_string().contains("0.0.0.0:5433"), "{e}");
     }
 }

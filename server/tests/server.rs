@@ -1155,6 +1155,136 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     assert_eq!(c.memory_rows, 0, "persisted at shutdown");
 }
 
+/// `apron up` in the background on `data` with `args`; its endpoints once written.
+fn start_up(data: &Path, args: &[&str], out: &Path, log: &Path) -> (KillOnDrop, Value) {
+    let mut child = Command::new(APRON)
+        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .args(args)
+        .stdout(std::fs::File::create(out).expect("stdout file"))
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("apron up starts");
+    let endpoints: Value = poll("endpoints.json", Duration::from_secs(60), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("apron up exited with {status}\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).ok()?).ok()
+    });
+    (KillOnDrop(vec![child]), endpoints)
+}
+
+fn http_of(endpoints: &Value) -> SocketAddr {
+    endpoints["http"]
+        .as_str()
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{endpoints}"))
+}
+
+/// The rows of a JSON SQL answer.
+fn sql_rows(http: SocketAddr, q: &str) -> Vec<Value> {
+    let r = request(http, "POST", "/api/v1/sql", &[("accept", "application/json")], q.as_bytes());
+    assert_eq!(r.status, 200, "{q}: {r:?}");
+    r.json()["rows"].as_array().cloned().unwrap_or_default()
+}
+
+/// `apron up` never mixes the simulator into history it did not write: `--source sim`
+/// is refused on an imported directory, and `auto` runs with no agent there; `--config`
+/// brings `apron serve`'s price book and alert settings (and says which sections it
+/// ignores); after a seed, the first alert pass runs at once, not at the next interval.
+#[test]
+fn apron_up_keeps_the_simulator_out_of_imported_history_and_takes_a_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("imported");
+    // An hour of a held, idle H100 (stranded from its first minute), two hours ago.
+    let t0 = (now_us() / 1_000_000 / 3600 - 2) * 3600;
+    let mut om = String::from("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
+    for k in 0..=240 {
+        om.push_str(&format!(
+            "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-IMP\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-0\",namespace=\"ml\",pod=\"nb\",container=\"c\"}} 0 {}\n",
+            t0 + k * 15
+        ));
+    }
+    om.push_str("# EOF\n");
+    let file = dir.path().join("history.om");
+    std::fs::write(&file, om).expect("history");
+    let o = Command::new(APRON).args(["import", "--data"]).arg(&data).arg(&file).output().expect("import runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // Asked for the simulator there: refused, saying why and what to do instead.
+    let o = Command::new(APRON)
+        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--source", "sim", "--data"])
+        .arg(&data)
+        .output()
+        .expect("apron up runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("node-0") && err.contains("the simulator never writes into it"), "{err}");
+    assert!(err.contains("--source none"), "{err}");
+    assert_eq!(err.matches("the simulator never writes").count(), 1, "said once: {err}");
+
+    // `auto` with --config: no agent (there is no GPU here), the config's price book.
+    let book = dir.path().join("prices.toml");
+    std::fs::write(
+        &book,
+        "version = \"up-config-1\"\n[[price]]\nmodel = \"H100\"\nmatch = [\"H100 80GB HBM3\"]\nkind = \"on_demand\"\nusd_per_gpu_hour = \"3.60\"\n",
+    )
+    .expect("book");
+    let config = dir.path().join("apron.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"0.0.0.0:9402\"\n[cost]\nprice_book = {:?}\n[alerts]\ninterval = \"1h\"\n",
+            book.display().to_string()
+        ),
+    )
+    .expect("config");
+    let (out, log) = (dir.path().join("up.out"), dir.path().join("up.log"));
+    let (child, endpoints) = start_up(&data, &["--config", config.to_str().expect("utf-8")], &out, &log);
+    assert!(endpoints.get("agent_metrics").is_none(), "no agent: {endpoints}");
+    let http = http_of(&endpoints);
+    let printed = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(printed.contains("GPU source     none:") && printed.contains("never writes into it"), "{printed}");
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(said.contains("sets [server], which apron up ignores"), "{said}");
+    assert!(!said.contains('\u{1b}'), "no colour codes in a log file: {said}");
+    // 3600 stranded seconds at the config's $3.60/h (the example book's on-prem H100
+    // would price them at ~$1.54).
+    let idle = poll("the imported hour priced", Duration::from_secs(120), || {
+        let rows = sql_rows(http, "SELECT CAST(sum(idle_cost_usd) AS VARCHAR) FROM gpu_cost_hourly");
+        rows.first().and_then(|r| r[0].as_str().map(str::to_owned)).filter(|v| v != "0.000000")
+    });
+    assert_eq!(idle, "3.600000");
+    let hosts = sql_rows(http, "SELECT DISTINCT \"host\" FROM gpu_samples");
+    assert_eq!(hosts, vec![serde_json::json!(["node-0"])], "no simulated host in imported history");
+
+    // A port in use: the cause is said once.
+    let o = Command::new(APRON)
+        .args(["up", "--pg", "127.0.0.1:0", "--http", &http.to_string(), "--data"])
+        .arg(dir.path().join("other"))
+        .output()
+        .expect("apron up runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains(&format!("cannot listen on {http}")), "{err}");
+    assert_eq!(err.matches("(os error").count(), 1, "the cause once: {err}");
+    drop(child);
+
+    // A fresh directory with the simulator and an hourly alert pass: the stranded GPUs
+    // of the seeded history fire right after the seed, not an hour later.
+    let fresh = dir.path().join("fresh");
+    std::fs::write(&config, "[alerts]\ninterval = \"1h\"\n").expect("config");
+    let (out, log) = (dir.path().join("up2.out"), dir.path().join("up2.log"));
+    let args = ["--source", "sim", "--backfill", "1h", "--config", config.to_str().expect("utf-8")];
+    let (_child, endpoints) = start_up(&fresh, &args, &out, &log);
+    let http = http_of(&endpoints);
+    poll("a stranded alert after the seed", Duration::from_secs(120), || {
+        let r = try_request(http, "GET", "/api/v1/alerts", &[], b"").ok()?;
+        let j: Value = serde_json::from_str(&r.body).ok()?;
+        j["alerts"].as_array()?.iter().find(|a| a["kind"] == "stranded_allocation" && a["state"] == "firing").cloned()
+    });
+}
+
 /// Micro-dollars of a Decimal(…, 6) rendered as text ("12.345678", "-0.5", NULL → 0).
 fn micros(v: &Value) -> i64 {
     let s = v.as_str().unwrap_or("0");
@@ -1266,7 +1396,8 @@ fn apron_up_report_shows_the_fleets_idle_cost_equal_to_sql() {
 
     // `apron recommend --window 1h` lists the scenarios built for reclaim, right-size
     // and pack, with monthly dollars equal to the price book's arithmetic on their
-    // evidence: (GPU-hours saved in the hour) × $/GPU-hour × 730.
+    // evidence: (GPU-hours saved in the hour) × $/GPU-hour × 730 / (hours of the window
+    // that hold data).
     let server_url = endpoints["http"].as_str().expect("http").to_owned();
     let recommend = |format: &str| {
         let o = Command::new(APRON)
@@ -1279,6 +1410,8 @@ fn apron_up_report_shows_the_fleets_idle_cost_equal_to_sql() {
     };
     let j: Value = serde_json::from_str(&recommend("json")).expect("json");
     let items = j["recommendations"].as_array().expect("items");
+    let covered = j["covered_hours"].as_f64().expect("covered_hours");
+    assert!(covered > 0.0 && covered <= 1.0, "{j:#}");
     for kind in ["reclaim", "right-size", "pack"] {
         let i = items.iter().find(|i| i["kind"] == kind).unwrap_or_else(|| panic!("no {kind}: {j:#}"));
         let monthly = i["monthly_savings_usd"].as_f64().expect("monthly");
@@ -1292,10 +1425,10 @@ fn apron_up_report_shows_the_fleets_idle_cost_equal_to_sql() {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("a price: {i:#}"));
         // Hours are printed to the µ-hour: ± $0.01 a month.
-        let expected = hours * rate * 730.0;
+        let expected = hours * rate * 730.0 / covered;
         assert!(
-            (monthly - expected).abs() <= 0.02,
-            "{kind}: {monthly} vs {hours} h × ${rate} × 730 = {expected}: {i:#}"
+            (monthly - expected).abs() <= 0.03,
+            "{kind}: {monthly} vs {hours} h × ${rate} × 730 / {covered} h = {expected}: {i:#}"
         );
         assert!(monthly > 0.0 && i["confidence"].as_f64().is_some_and(|c| c > 0.0 && c <= 1.0), "{i:#}");
     }
