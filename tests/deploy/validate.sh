@@ -34,21 +34,8 @@ APRON_BIN=$(realpath -m "${APRON_BIN:-target/debug/apron}")
 APRON_AGENT_BIN=$(realpath -m "${APRON_AGENT_BIN:-target/debug/apron-agent}")
 export APRON_BIN APRON_AGENT_BIN
 
-passed=0
-failed=0
-pass() {
-  passed=$((passed + 1))
-  echo "ok   $*"
-}
-fail() {
-  failed=$((failed + 1))
-  echo "FAIL $*"
-}
-missing() {
-  echo "FAIL $*" >&2
-  exit 1
-}
-install_hint="scripts/install-test-tools.sh installs it"
+# shellcheck source=tests/deploy/lib.sh
+source "$here/lib.sh"
 
 # ── tools ──────────────────────────────────────────────────────────────────────
 kubectl=${APRON_KUBECTL:-}
@@ -69,25 +56,6 @@ command -v shellcheck >/dev/null || missing "shellcheck; $install_hint"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# Runs a step; its output is shown only when it fails. Sets last=ok|failed.
-step() {
-  local name=$1
-  shift
-  if "$@" >"$work/out" 2>&1; then
-    pass "$name"
-    last=ok
-  else
-    fail "$name"
-    sed 's/^/     /' "$work/out"
-    last=failed
-  fi
-}
-
-# Passes when the command fails: a checker must reject a broken input.
-rejects() {
-  ! "$@"
-}
-
 # kubernetes-validate exits 0 on a kind it has no schema for, printing a WARN; any
 # output at all (--quiet prints only problems) is a failure here.
 kube_validate() {
@@ -105,10 +73,11 @@ kube_validate() {
 }
 
 shellcheck_self() {
-  shellcheck "$here/validate.sh"
+  shellcheck -x -P "$repo" "$here"/*.sh scripts/dist-bins.sh scripts/build-images.sh \
+    scripts/build-debs.sh deploy/debian/*.postinst deploy/debian/*.prerm deploy/debian/*.postrm
 }
 
-step "validate.sh is shellcheck-clean" shellcheck_self
+step "tests/deploy, the image and package scripts are shellcheck-clean" shellcheck_self
 
 # ── Kubernetes ─────────────────────────────────────────────────────────────────
 # The Secret base/ leaves to the operator (docs/deploy.md) and the keys it must hold.
@@ -227,5 +196,4 @@ mkdir -p "$canary/systemd"
 sed 's/^ProtectSystem=strict/ProtectSystem=strictly/' deploy/systemd/apron.service >"$canary/systemd/apron.service"
 step "canary: a bad systemd value is rejected" rejects systemd_verify "$canary/systemd/apron.service"
 
-echo "deploy: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish deploy
