@@ -5,7 +5,7 @@
 #   scripts/dist-bins.sh            # → target/dist/bin/{apron,apron-agent}
 #                                   #   target/dist/debug/{apron,apron-agent}.debug
 #
-# APRON_PROFILE (default `package`: the release profile without LTO, with more codegen
+# APRON_PROFILE (default `dist`: the release profile without LTO, with more codegen
 # units and no debug info, Cargo.toml; `release` for the fully optimised build) picks
 # the cargo profile. APRON_DIST_PREBUILT=DIR skips cargo and takes DIR/apron and
 # DIR/apron-agent as they are (already built elsewhere).
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-profile=${APRON_PROFILE:-package}
+profile=${APRON_PROFILE:-dist}
 dist=target/dist
 bins=(apron apron-agent)
 

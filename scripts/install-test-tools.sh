@@ -68,6 +68,22 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
+# Images and packages (tests/deploy/packages.sh): umoci assembles the OCI images,
+# podman runs them with runc (crun refuses hybrid cgroup hosts), objcopy/readelf strip
+# and check the binaries, curl talks to what runs.
+need_pkg=()
+command -v umoci >/dev/null 2>&1 || need_pkg+=(umoci)
+command -v podman >/dev/null 2>&1 || need_pkg+=(podman)
+command -v runc >/dev/null 2>&1 || need_pkg+=(runc)
+command -v objcopy >/dev/null 2>&1 || need_pkg+=(binutils)
+command -v curl >/dev/null 2>&1 || need_pkg+=(curl)
+if ((${#need_pkg[@]})); then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_pkg[@]}" >/dev/null
+fi
 # Strict offline OpenAPI schemas of every Kubernetes release from 1.25 (pinned: the
 # schemas validate.sh names must stay in the package).
 if ! python3 -c "import kubernetes_validate, sys; sys.exit(kubernetes_validate.__version__ != '1.37.0')" >/dev/null 2>&1; then
@@ -98,6 +114,9 @@ fi
 "$(command -v kubectl || echo "$KUBECTL_CACHED")" version --client 2>/dev/null | grep -i kustomize
 python3 -c "import kubernetes_validate; print('kubernetes-validate', kubernetes_validate.__version__)"
 systemd-analyze --version | head -1
+umoci --version
+podman --version
+runc --version | head -1
 
 prometheus --version 2>&1 | head -1
 prometheus-alertmanager --version 2>&1 | head -1

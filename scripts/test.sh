@@ -18,3 +18,6 @@ python3 -m unittest discover -s tests/docs -q
 # Kubernetes manifests and systemd units, checked with real tools and started with the
 # binaries just built (tests/deploy/validate.sh).
 ./tests/deploy/validate.sh
+# Release binaries in OCI images (podman) and Debian packages (dpkg -i, run, purge):
+# tests/deploy/packages.sh.
+./tests/deploy/packages.sh

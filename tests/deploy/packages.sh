@@ -3,7 +3,7 @@
 # scripts/test.sh after tests/deploy/validate.sh. Every step fails (never skips) when a
 # tool is missing; scripts/install-test-tools.sh installs them.
 #
-# Binaries: scripts/dist-bins.sh (cargo profile `package`, APRON_PROFILE to change it;
+# Binaries: scripts/dist-bins.sh (cargo profile `dist`, APRON_PROFILE to change it;
 # APRON_DIST_PREBUILT=DIR to take binaries already built), stripped.
 # Images (scripts/build-images.sh): built twice, the digests must match; then podman
 # (runtime runc: crun refuses this machine's hybrid cgroups) runs them as Kubernetes
