@@ -3,8 +3,8 @@
 # the stripped binaries of scripts/dist-bins.sh, the units in deploy/systemd and the
 # maintainer scripts in deploy/debian:
 #
-#   scripts/build-debs.sh   → target/dist/debs/apron_VERSION_amd64.deb
-#                             target/dist/debs/apron-agent_VERSION_amd64.deb
+#   scripts/build-debs.sh   → target/ship/debs/apron_VERSION_amd64.deb
+#                             target/ship/debs/apron-agent_VERSION_amd64.deb
 #
 # | package | files |
 # | --- | --- |
@@ -23,7 +23,7 @@
 # the last commit's time) for every mtime, root-owned, sorted.
 #
 # Environment: APRON_PROFILE, APRON_DIST_PREBUILT (scripts/dist-bins.sh),
-# APRON_DEBS_OUT (default target/dist/debs), SOURCE_DATE_EPOCH.
+# APRON_DEBS_OUT (default target/ship/debs), SOURCE_DATE_EPOCH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -39,10 +39,10 @@ version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Car
 homepage=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"$/\1/p' Cargo.toml)
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 arch=$(dpkg --print-architecture)
-out=$(realpath -m "${APRON_DEBS_OUT:-target/dist/debs}")
+out=$(realpath -m "${APRON_DEBS_OUT:-target/ship/debs}")
 
 ./scripts/dist-bins.sh
-bin_dir=$repo/target/dist/bin
+bin_dir=$repo/target/ship/bin
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -6,8 +6,8 @@
 # umoci (Debian package `umoci`).
 #
 #   scripts/build-images.sh
-#     → target/dist/images/apron/, apron-agent/            OCI image layouts (tag VERSION)
-#       target/dist/images/apron-VERSION.oci.tar, …         the same as OCI archives, named
+#     → target/ship/images/apron/, apron-agent/            OCI image layouts (tag VERSION)
+#       target/ship/images/apron-VERSION.oci.tar, …         the same as OCI archives, named
 #                                                           localhost/apron:VERSION, for
 #                                                           `podman load`, `kind load
 #                                                           image-archive`, `ctr import`,
@@ -28,7 +28,7 @@
 # are volumes, so the root filesystem can be read-only.
 #
 # Environment: APRON_PROFILE, APRON_DIST_PREBUILT (scripts/dist-bins.sh),
-# APRON_IMAGES_OUT (default target/dist/images), SOURCE_DATE_EPOCH.
+# APRON_IMAGES_OUT (default target/ship/images), SOURCE_DATE_EPOCH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -48,12 +48,12 @@ version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Car
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 revision=$(git rev-parse HEAD)
-out=$(realpath -m "${APRON_IMAGES_OUT:-target/dist/images}")
+out=$(realpath -m "${APRON_IMAGES_OUT:-target/ship/images}")
 # The UID/GID both images run as (the StatefulSet's runAsUser; distroless' `nonroot`).
 uid=65532
 
 ./scripts/dist-bins.sh
-bin_dir=$repo/target/dist/bin
+bin_dir=$repo/target/ship/bin
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

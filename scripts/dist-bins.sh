@@ -2,13 +2,14 @@
 # Builds `apron` and `apron-agent` for shipping and strips them: the binaries that
 # scripts/build-images.sh and scripts/build-debs.sh put into images and packages.
 #
-#   scripts/dist-bins.sh            # → target/dist/bin/{apron,apron-agent}
-#                                   #   target/dist/debug/{apron,apron-agent}.debug
+#   scripts/dist-bins.sh            # → target/ship/bin/{apron,apron-agent}
+#                                   #   target/ship/debug/{apron,apron-agent}.debug
 #
 # APRON_PROFILE (default `dist`: the release profile without LTO, with more codegen
 # units and no debug info, Cargo.toml; `release` for the fully optimised build) picks
 # the cargo profile. APRON_DIST_PREBUILT=DIR skips cargo and takes DIR/apron and
-# DIR/apron-agent as they are (already built elsewhere).
+# DIR/apron-agent as they are (already built elsewhere); APRON_DIST_PREBUILT=target/ship/bin
+# takes the binaries this script made before, unchanged.
 #
 # Whatever debug info the profile left is moved to a separate file
 # (`objcopy --only-keep-debug`), and the shipped binary carries a .gnu_debuglink to it,
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=${APRON_PROFILE:-dist}
-dist=target/dist
+dist=target/ship
 bins=(apron apron-agent)
 
 if [ -n "${APRON_DIST_PREBUILT:-}" ]; then
@@ -36,6 +37,9 @@ for bin in "${bins[@]}"; do
     echo "dist-bins: no $src/$bin" >&2
     exit 1
   }
+  if [ "$(realpath "$src")" = "$(realpath "$dist/bin")" ]; then
+    continue
+  fi
   objcopy --only-keep-debug "$src/$bin" "$dist/debug/$bin.debug.part"
   chmod 0644 "$dist/debug/$bin.debug.part"
   mv "$dist/debug/$bin.debug.part" "$dist/debug/$bin.debug"

@@ -95,7 +95,7 @@ echo "     (binaries ready in $(($(date +%s) - start)) s)"
 
 stripped() {
   local bin
-  for bin in target/dist/bin/apron target/dist/bin/apron-agent; do
+  for bin in target/ship/bin/apron target/ship/bin/apron-agent; do
     if readelf -S --wide "$bin" | grep -E '\.debug_(info|line|str) '; then
       echo "$bin still carries debug info"
       return 1
@@ -106,16 +106,16 @@ stripped() {
     }
   done
 }
-step "binaries are stripped, with a debuglink to target/dist/debug" stripped
+step "binaries are stripped, with a debuglink to target/ship/debug" stripped
 
 # ── images ──────────────────────────────────────────────────────────────────────
-images=$repo/target/dist/images
+images=$repo/target/ship/images
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
-step "scripts/build-images.sh builds both images" env APRON_DIST_PREBUILT=target/dist/bin ./scripts/build-images.sh
+step "scripts/build-images.sh builds both images" env APRON_DIST_PREBUILT=target/ship/bin ./scripts/build-images.sh
 [ "$last" = ok ] || missing "no images to run"
 sed -n 's/^build-images: /     /p' "$work/out"
 rebuild_same() {
-  APRON_DIST_PREBUILT=target/dist/bin APRON_IMAGES_OUT="$work/images-again" ./scripts/build-images.sh
+  APRON_DIST_PREBUILT=target/ship/bin APRON_IMAGES_OUT="$work/images-again" ./scripts/build-images.sh
   local name
   for name in apron apron-agent; do
     cmp "$images/$name-$version.oci.tar" "$work/images-again/$name-$version.oci.tar" || return 1
@@ -218,8 +218,8 @@ step "both containers stop on SIGTERM with status 0" stop_containers
 
 # ── Debian packages ─────────────────────────────────────────────────────────────
 arch=$(dpkg --print-architecture)
-debs=$repo/target/dist/debs
-step "scripts/build-debs.sh builds both packages" env APRON_DIST_PREBUILT=target/dist/bin ./scripts/build-debs.sh
+debs=$repo/target/ship/debs
+step "scripts/build-debs.sh builds both packages" env APRON_DIST_PREBUILT=target/ship/bin ./scripts/build-debs.sh
 [ "$last" = ok ] || missing "no packages to install"
 sed -n 's/^build-debs: /     /p' "$work/out"
 
