@@ -28,10 +28,10 @@ BINARIES = ("apron", "apron-agent")
 # --- Markdown scanning ---------------------------------------------------------------
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 # [text](target "title") and ![alt](target); text may hold one level of [...] nesting.
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+[\"'(].*?[\"')])?\s*\)")
-REF_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
+REF_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:[ \t]*(<[^>]*>|\S+)", re.M)
 HTML_ATTR = re.compile(r"""<(?:a|img|source)\b[^>]*?\b(?:href|src)\s*=\s*["']([^"']+)["']""", re.I)
 HTML_ID = re.compile(r"""<[a-z][^>]*?\b(?:id|name)\s*=\s*["']([^"']+)["']""", re.I)
 ATX = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
@@ -56,19 +56,37 @@ def scan(text):
         yield no, "text", line
 
 
-def strip_code_spans(line):
-    return CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)
+def paragraphs(text):
+    """(first line number, text) of each prose paragraph, its lines joined with "\n"
+    (a code span or a link may wrap); headings and table rows stand alone."""
+    block, start = [], 0
+    for no, kind, line in scan(text):
+        alone = kind == "text" and (ATX.match(line) or line.lstrip().startswith("|"))
+        if kind != "text" or not line.strip() or alone:
+            if block:
+                yield start, "\n".join(block)
+                block = []
+            if alone:
+                yield no, line
+            continue
+        if not block:
+            start = no
+        block.append(line)
+    if block:
+        yield start, "\n".join(block)
 
 
-def links(line):
-    """Link targets in one line of prose (code spans excluded)."""
-    prose = strip_code_spans(line)
-    out = [m.group(1) for m in INLINE_LINK.finditer(prose)]
-    m = REF_DEF.match(prose)
-    if m:
-        out.append(m.group(1))
-    out += HTML_ATTR.findall(prose)
-    return [t[1:-1] if t.startswith("<") and t.endswith(">") else t for t in out]
+def strip_code_spans(text):
+    return CODE_SPAN.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def links(text):
+    """(offset, target) of the links in prose (code spans excluded)."""
+    prose = strip_code_spans(text)
+    out = [(m.start(), m.group(1)) for m in INLINE_LINK.finditer(prose)]
+    out += [(m.start(), m.group(1)) for m in REF_DEF.finditer(prose)]
+    out += [(m.start(), m.group(1)) for m in HTML_ATTR.finditer(prose)]
+    return [(at, t[1:-1] if t.startswith("<") and t.endswith(">") else t) for at, t in sorted(out)]
 
 
 def slug(heading):
@@ -118,14 +136,18 @@ def anchors(text):
 CODE_PATH = re.compile(r"^(?:\.\.?/)*[A-Za-z0-9_.@-]+(?:/[A-Za-z0-9_.@-]+)*/?$")
 
 
-def code_paths(line):
-    """Repository-looking paths named in inline code spans of a prose line."""
+def code_spans(text):
+    """(offset, content) of the inline code spans of prose, line breaks as spaces."""
+    return [(m.start(), m.group(2).replace("\n", " ")) for m in CODE_SPAN.finditer(text)]
+
+
+def code_paths(text):
+    """(offset, path) of repository-looking paths named in inline code spans."""
     out = []
-    for m in CODE_SPAN.finditer(line):
-        span = m.group(2).strip()
-        span = re.sub(r"#[\w-]+$", "", span)
+    for at, span in code_spans(text):
+        span = re.sub(r"#[\w-]+$", "", span.strip())
         if "/" in span and CODE_PATH.match(span) and "://" not in span:
-            out.append(span)
+            out.append((at, span))
     return out
 
 
@@ -140,7 +162,11 @@ class Checker:
         self._anchors = {}
 
     def fail(self, path, line, what):
-        self.failures.append(f"{os.path.relpath(path, self.root)}:{line}: {what}")
+        self.failures.append((os.path.relpath(path, self.root), line, what))
+
+    def report(self):
+        """The failures as `file:line: what`, in file and line order."""
+        return [f"{f}:{n}: {what}" for f, n, what in sorted(self.failures, key=lambda x: x[:2])]
 
     def inside(self, path):
         real = os.path.realpath(path)
@@ -192,13 +218,11 @@ class Checker:
     def check_file(self, md):
         with open(md, encoding="utf-8") as f:
             text = f.read()
-        for no, kind, line in scan(text):
-            if kind != "text":
-                continue
-            for target in links(line):
-                self.check_link(md, no, target)
-            for path in code_paths(line):
-                self.check_code_path(md, no, path)
+        for start, para in paragraphs(text):
+            for at, target in links(para):
+                self.check_link(md, start + para.count("\n", 0, at), target)
+            for at, path in code_paths(para):
+                self.check_code_path(md, start + para.count("\n", 0, at), path)
 
 
 def markdown_files(root):
@@ -368,26 +392,24 @@ def check_args(helps, binary, args):
 
 
 def command_lines(text):
-    """(line_no, command text) for code-block lines (continuations joined) and inline
-    code spans of prose lines."""
+    """(line_no, command text) for code-block lines (continuations joined) and the
+    inline code spans of prose."""
     pending, start = "", 0
     for no, kind, line in scan(text):
-        if kind == "code":
-            if not pending:
-                start = no
-            if line.rstrip().endswith("\\"):
-                pending += line.rstrip()[:-1] + " "
-                continue
-            yield start, pending + line
-            pending = ""
-        else:
-            if pending:
-                yield start, pending
-                pending = ""
-            for m in CODE_SPAN.finditer(line):
-                yield no, m.group(2)
+        if kind != "code":
+            continue
+        if not pending:
+            start = no
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        yield start, pending + line
+        pending = ""
     if pending:
         yield start, pending
+    for start, para in paragraphs(text):
+        for at, span in code_spans(para):
+            yield start + para.count("\n", 0, at), span
 
 
 def check_flags(checker, helps, files):
@@ -430,7 +452,7 @@ def main(argv=None):
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             print(f"check-docs: {e}", file=sys.stderr)
             return 2
-    for failure in checker.failures:
+    for failure in checker.report():
         print(failure)
     print(f"check-docs: {len(files)} Markdown files, {len(checker.failures)} problem(s)", file=sys.stderr)
     return 1 if checker.failures else 0

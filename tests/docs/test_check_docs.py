@@ -41,8 +41,14 @@ class Slugs(unittest.TestCase):
 class Links(unittest.TestCase):
     def test_links_skip_code(self):
         line = "see [tls](tls.md#pg-tls), ![img](img/a.png \"t\") and `[x](nope.md)`"
-        self.assertEqual(cd.links(line), ["tls.md#pg-tls", "img/a.png"])
-        self.assertEqual(cd.links("[ref]: ../docs/x.md"), ["../docs/x.md"])
+        self.assertEqual([t for _, t in cd.links(line)], ["tls.md#pg-tls", "img/a.png"])
+        self.assertEqual(cd.links("[ref]: ../docs/x.md"), [(0, "../docs/x.md")])
+
+    def test_spans_and_links_wrap_inside_a_paragraph(self):
+        text = "# T\n\nrun `apron\nup --pg 0` or [the\nguide](g.md)\n\n| `a` | `b\n"
+        self.assertEqual(list(cd.paragraphs(text)), [(1, "# T"), (3, "run `apron\nup --pg 0` or [the\nguide](g.md)"), (7, "| `a` | `b")])
+        self.assertIn((3, "apron up --pg 0"), list(cd.command_lines(text)))
+        self.assertEqual([t for _, t in cd.links(list(cd.paragraphs(text))[1][1])], ["g.md"])
 
     def test_resolution(self):
         with tempfile.TemporaryDirectory() as d:
@@ -57,7 +63,7 @@ class Links(unittest.TestCase):
                 f.write("## B part\n")
             c = cd.Checker(root)
             c.check_file(os.path.join(root, "docs", "a.md"))
-            self.assertEqual(c.failures, [
+            self.assertEqual(c.report(), [
                 "docs/a.md:2: broken anchor: b.md#nope (no such heading)",
                 "docs/a.md:2: broken link: c.md (no such file or directory)",
                 "docs/a.md:2: link leaves the repository: ../../etc/passwd",
