@@ -122,10 +122,41 @@ for dir in "${components[@]}"; do
   step "${dir#deploy/kubernetes/}: rendered by an overlay" component_used "$dir"
 done
 
-# overlays/sim carries copies of what `apron up` uses, since kustomize reads no file
-# outside the overlay; they must not drift.
-step "overlays/sim/pricebook.toml equals deploy/pricebook.example.toml" \
-  cmp deploy/pricebook.example.toml deploy/kubernetes/overlays/sim/pricebook.toml
+# Copies of files outside the kustomize tree, which kustomize cannot read; they must
+# not drift.
+step "components/pricebook/pricebook.toml equals deploy/pricebook.example.toml" \
+  cmp deploy/pricebook.example.toml deploy/kubernetes/components/pricebook/pricebook.toml
+production_config_is_base() {
+  python3 - <<'EOF'
+import sys, tomllib
+base = tomllib.load(open("deploy/kubernetes/base/apron.toml", "rb"))
+prod = tomllib.load(open("deploy/kubernetes/overlays/production/apron.toml", "rb"))
+if prod.get("cost", {}).pop("price_book", None) != "/etc/apron/pricebook/pricebook.toml":
+    sys.exit("overlays/production/apron.toml: [cost] price_book is not the component's mount")
+if not prod["cost"]:
+    del prod["cost"]
+if prod != base:
+    sys.exit(f"overlays/production/apron.toml differs from base/apron.toml beyond the price book:\n{prod}\n{base}")
+EOF
+}
+step "overlays/production/apron.toml is base/apron.toml with the price book" production_config_is_base
+# The images the manifests run are the ones scripts/build-images.sh builds, under the
+# names it gives them (base, sim) or renamed by `images:` with the same tag (production).
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+images_are_built_ones() {
+  local dir=$1 prefix=$2 want got
+  want=$(printf '%s\n' "${prefix}apron-agent:$version" "${prefix}apron:$version")
+  got=$("$kubectl" kustomize "$dir" | sed -n 's/^ *image: //p' | sort -u)
+  [ "$got" = "$want" ] || {
+    echo "$dir runs: $got"
+    echo "expected: $want"
+    return 1
+  }
+}
+step "base and overlays/sim run localhost/apron{,-agent}:$version (scripts/build-images.sh)" \
+  images_are_built_ones deploy/kubernetes/overlays/sim localhost/
+step "overlays/production runs the same tag from the registry it names" \
+  images_are_built_ones deploy/kubernetes/overlays/production registry.example.com/apron/
 sim_teams_match() {
   python3 - <<'EOF'
 import sys, tomllib
