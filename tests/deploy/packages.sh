@@ -11,6 +11,7 @@
 # server on a small config answers /healthz and SQL, the agent serves /metrics from the
 # simulator and ships to that server, and the SQL sees its rows; SIGTERM stops both
 # with status 0. podman's storage is a temporary directory, removed at the end.
+# docs/deploy.md: tests/deploy/doc_steps.py runs its commands with these images.
 # Packages (scripts/build-debs.sh): `dpkg -i` on this machine, `systemd-analyze
 # verify` of the installed units, the binaries run as systemd would run them (the
 # service's user, the packaged config, LoadCredential's file; only the listen
@@ -24,7 +25,7 @@ here=$repo/tests/deploy
 # shellcheck source=tests/deploy/lib.sh
 source "$here/lib.sh"
 
-for tool in podman runc umoci dpkg-deb systemd-analyze setpriv curl python3 objcopy readelf; do
+for tool in podman runc umoci dpkg-deb systemd-analyze setpriv unshare curl python3 objcopy readelf; do
   command -v "$tool" >/dev/null || missing "$tool; $install_hint"
 done
 
@@ -215,6 +216,14 @@ stop_containers() {
   done
 }
 step "both containers stop on SIGTERM with status 0" stop_containers
+
+# ── docs/deploy.md ──────────────────────────────────────────────────────────────
+# Its commands, with the images just built (tests/deploy/doc_steps.py).
+kubectl=${APRON_KUBECTL:-$(command -v kubectl || echo "$HOME/.cache/apron-tools/bin/kubectl")}
+[ -x "$kubectl" ] || missing "kubectl: not at $kubectl; $install_hint"
+step "docs/deploy.md: every command marked run runs as written" \
+  env APRON_BIN="$repo/target/ship/bin/apron" APRON_AGENT_BIN="$repo/target/ship/bin/apron-agent" \
+  APRON_KUBECTL="$kubectl" python3 "$here/doc_steps.py" docs/deploy.md
 
 # ── Debian packages ─────────────────────────────────────────────────────────────
 arch=$(dpkg --print-architecture)
