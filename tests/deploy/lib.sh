@@ -21,12 +21,22 @@ missing() {
 }
 install_hint="scripts/install-test-tools.sh installs it"
 
-# Runs a step; its output is shown only when it fails. Sets last=ok|failed.
+# Runs a step; its output is shown only when it fails. Sets last=ok|failed. The step
+# runs in a subshell with errexit outside any `if`, where bash would ignore it: any
+# failing command fails the step, not only its last one (and variables it sets stay
+# in the subshell).
 step() {
   : "${work:?set work to a scratch directory before the first step}"
-  local name=$1
+  local name=$1 rc
   shift
-  if "$@" >"$work/out" 2>&1; then
+  set +e
+  (
+    set -e
+    "$@"
+  ) >"$work/out" 2>&1
+  rc=$?
+  set -e
+  if [ "$rc" -eq 0 ]; then
     pass "$name"
     last=ok
   else

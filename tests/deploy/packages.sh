@@ -45,6 +45,10 @@ cleanup() {
   done
   rm -rf /run/credentials/apron.service /run/credentials/apron-agent.service
   rmdir /run/credentials 2>/dev/null || true
+  # A run that stopped between install and purge leaves nothing installed either.
+  if [ -n "${installed:-}" ]; then
+    dpkg --purge apron-agent apron >/dev/null 2>&1 || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -65,6 +69,22 @@ wait_http() {
   done
   echo "no 200 from $url within 60 s"
   curl -sS "$@" "$url" || true
+  return 1
+}
+
+# has_gpu_metrics URL: within 30 s, the dcgm-exporter-compatible GPU families are
+# served (from the first closed window on). Read whole first: `grep -q` closing the
+# pipe early would fail curl under pipefail.
+has_gpu_metrics() {
+  local body _
+  for _ in $(seq 1 60); do
+    body=$(curl -fsS "$1")
+    if grep -q '^DCGM_FI_DEV_GPU_UTIL{' <<<"$body"; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "$1 serves no DCGM_FI_DEV_GPU_UTIL series within 30 s"
   return 1
 }
 
@@ -195,7 +215,7 @@ agent_container() {
     -e APRON_COLLECTOR_TOKEN="$token_ingest" "localhost/apron-agent:$version" \
     --source sim --listen "127.0.0.1:$agent_port" --collector "http://127.0.0.1:$server_port"
   wait_http "http://127.0.0.1:$agent_port/healthz"
-  curl -fsS "http://127.0.0.1:$agent_port/metrics" | grep -q '^DCGM_FI_DEV_GPU_UTIL{'
+  has_gpu_metrics "http://127.0.0.1:$agent_port/metrics"
   wait_rows "http://127.0.0.1:$server_port" "$token_sql" || {
     "${podman[@]}" logs apron-agent 2>&1 | tail -20
     return 1
@@ -265,6 +285,7 @@ install_debs() {
   grep -qE '^APRON_SQL_TOKEN=[0-9a-f]{64}$' /etc/apron/apron.env
   dpkg-query -W -f '${Conffiles}\n' apron apron-agent | grep -c /etc/apron/
 }
+installed=1
 step "dpkg -i installs apron and apron-agent (user, directories, tokens, conffiles)" install_debs
 [ "$last" = ok ] || missing "packages did not install"
 
@@ -284,19 +305,34 @@ verify_units() {
 }
 step "systemd-analyze verify and security on the installed units" verify_units
 
-# run_bg NAME CMD...: starts CMD in the background, its pid in $work/NAME.pid.
+# run_bg NAME CMD...: starts CMD in the background (steps run in subshells, so not as
+# a child of the script: a watcher records its exit status in $work/NAME.rc).
 run_bg() {
   local name=$1
   shift
-  "$@" >"$work/$name.log" 2>&1 &
-  echo $! >"$work/$name.pid"
+  (
+    "$@" >"$work/$name.log" 2>&1 &
+    echo $! >"$work/$name.pid"
+    code=0
+    wait $! || code=$?
+    echo "$code" >"$work/$name.rc"
+  ) &
+  for _ in $(seq 1 50); do
+    [ -s "$work/$name.pid" ] && return 0
+    sleep 0.1
+  done
+  echo "$name did not start"
+  return 1
 }
 # stop_bg NAME: SIGTERM, then its status must be 0 within 60 s.
 stop_bg() {
-  local pid code=0
-  pid=$(cat "$work/$1.pid")
-  kill -TERM "$pid"
-  wait "$pid" || code=$?
+  local code
+  kill -TERM "$(cat "$work/$1.pid")"
+  for _ in $(seq 1 600); do
+    [ -s "$work/$1.rc" ] && break
+    sleep 0.1
+  done
+  code=$(cat "$work/$1.rc" 2>/dev/null || echo "still running 60 s after SIGTERM")
   rm -f "$work/$1.pid"
   [ "$code" = 0 ] || {
     echo "$1 exited $code on SIGTERM"
@@ -336,7 +372,7 @@ packaged_agent() {
     setpriv --inh-caps=-all --bounding-set=-all,+sys_admin \
     /usr/bin/apron-agent --config /etc/apron/agent.toml
   wait_http "http://127.0.0.1:$agent_port/healthz"
-  curl -fsS "http://127.0.0.1:$agent_port/metrics" | grep -q '^DCGM_FI_DEV_GPU_UTIL{'
+  has_gpu_metrics "http://127.0.0.1:$agent_port/metrics"
   wait_rows "http://127.0.0.1:$server_port" "$sql_token" || {
     tail -20 "$work/agent.log"
     return 1
