@@ -154,14 +154,14 @@ load_images() {
 step "podman loads the archives as localhost/apron:$version, localhost/apron-agent:$version" load_images
 [ "$last" = ok ] || missing "images did not load"
 
-# What a Kubernetes pod of the manifests gets: no root filesystem writes, no
-# capabilities, no privilege gain. runc sets rlimits it may not raise here, so they are
+# What a Kubernetes pod of the manifests gets: no root filesystem writes (not even
+# /tmp, /run: podman's tmpfs there is off), no capabilities, no privilege gain. runc sets rlimits it may not raise here, so they are
 # given explicitly, within this shell's hard limits.
 nofile=$(ulimit -Hn)
 if [ "$nofile" = unlimited ] || [ "$nofile" -gt 8192 ]; then
   nofile=8192
 fi
-run_opts=(--read-only --cap-drop all --security-opt no-new-privileges --network host
+run_opts=(--read-only --read-only-tmpfs=false --cap-drop all --security-opt no-new-privileges --network host
   --ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096)
 
 image_contents() {
@@ -207,8 +207,9 @@ server_container() {
     "localhost/apron:$version" serve --config /etc/apron/apron.toml
   wait_http "http://127.0.0.1:$server_port/healthz"
   [ "$(sql_count "http://127.0.0.1:$server_port" "$token_sql" 'SELECT count(*) FROM gpu_samples')" = 0 ]
+  wait_http "http://127.0.0.1:$server_port/api/v1/reports/weekly?format=xlsx" -H "Authorization: Bearer $token_sql"
 }
-step "image apron: serve answers /healthz and SQL (read-only root, no capabilities)" server_container
+step "image apron: serve answers /healthz, SQL and the weekly report (read-only root, no capabilities)" server_container
 
 agent_container() {
   "${podman[@]}" run -d --name apron-agent "${run_opts[@]}" \
