@@ -23,7 +23,8 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --locked --profile dist -p apron -p apron-agent \
- && mkdir -p /out/bin /out/state \
+ && mkdir -p /out/bin /out/server-state/apron /out/agent-state/apron-agent \
+ && chmod 0700 /out/server-state/apron /out/agent-state/apron-agent \
  && objcopy --strip-debug target/dist/apron /out/bin/apron \
  && objcopy --strip-debug target/dist/apron-agent /out/bin/apron-agent
 
@@ -31,7 +32,7 @@ FROM ${RUNTIME_IMAGE} AS apron-agent
 COPY --from=build /out/bin/apron-agent /usr/bin/apron-agent
 # The shipper's spool; the DaemonSet mounts a host path here (and runs the agent as
 # root, docs/deploy.md says why).
-COPY --from=build --chown=65532:65532 /out/state/ /var/lib/apron-agent/
+COPY --from=build --chown=65532:65532 /out/agent-state/ /var/lib/
 USER 65532:65532
 WORKDIR /var/lib/apron-agent
 VOLUME ["/var/lib/apron-agent"]
@@ -44,7 +45,8 @@ LABEL org.opencontainers.image.title="apron-agent" \
 
 FROM ${RUNTIME_IMAGE} AS apron
 COPY --from=build /out/bin/apron /usr/bin/apron
-COPY --from=build --chown=65532:65532 /out/state/ /var/lib/apron/
+# /var/lib/apron, owned by the user (COPY chowns what it copies, not the parent).
+COPY --from=build --chown=65532:65532 /out/server-state/ /var/lib/
 USER 65532:65532
 WORKDIR /var/lib/apron
 VOLUME ["/var/lib/apron"]
