@@ -260,7 +260,7 @@ def layout_check(cdp, js, width, loaded, outdir, failures):
             for o, how in found:
                 failures.append("at %d px%s: %s: %d px too wide" % (width, how, o["what"], o["by"]))
         else:
-            print("layout at %d px: nothing overflows sideways (also with %d <details> open)" % (width, opened))
+            print("layout at %d px: nothing overflows sideways" % width + (" (also with %d <details> open)" % opened if opened else ""))
         h = js("Math.ceil(document.documentElement.scrollHeight)") or VIEW_H
         cdp("Emulation.setDeviceMetricsOverride", {"width": width, "height": min(max(h, VIEW_H), 8000), "deviceScaleFactor": 1, "mobile": False})
         time.sleep(0.6)
