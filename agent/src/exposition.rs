@@ -320,6 +320,13 @@ const fn native(name: &'static str, field: Field, stat: Stat, scale: f64, help: 
     NativeGauge { name, field, stat, scale, help }
 }
 
+/// The native gauges as `(name, field, from the window's maximum, scale from the base
+/// unit)`: what `apron_gpu_*` series a window's columns make. The server's Prometheus
+/// remote read serves `gpu_samples` under these names and labels.
+pub fn native_gauges() -> impl Iterator<Item = (&'static str, Field, bool, f64)> {
+    NATIVE_GAUGES.iter().map(|n| (n.name, n.field, matches!(n.stat, Stat::Max), n.scale))
+}
+
 /// Native gauges, base units, from the last closed window.
 const NATIVE_GAUGES: &[NativeGauge] = &[
     native(

@@ -9,6 +9,8 @@
 //!   Server::run(listener, shutdown)  ◄──────────────────┘  (same server, loopback only)
 //!     app(): collector::http::router (ingest, healthz, metrics) + sql::router (POST /api/v1/sql)
 //!            + report::router + insights::router (alerts, recommendations)
+//!            + otlp_in::router (POST /v1/metrics) + prom_remote::router (Prometheus
+//!              remote write and remote read: POST /api/v1/write, /api/v1/read)
 //!     background: derive (gpu_samples_1m), ledger (cost), alerts (every 30 s),
 //!                 recommend (the recommendations table), schedule (weekly report)
 //!     shutdown: stop accepting → finish requests in flight → Store::persist_now
@@ -34,6 +36,7 @@ pub mod insights;
 pub mod ledger;
 pub mod otlp_in;
 pub mod pg;
+pub mod prom_remote;
 pub mod recommend;
 pub mod report;
 pub mod schedule;
@@ -408,6 +411,11 @@ impl Server {
                 .merge(self.reports.clone())
                 .merge(self.insights.clone())
                 .merge(otlp_in::router(otlp_in::OtlpState::new(self.ingest.clone(), self.engine.clone())))
+                .merge(prom_remote::router(prom_remote::RemoteState::new(
+                    self.ingest.clone(),
+                    self.engine.clone(),
+                    self.access.clone(),
+                )))
                 .merge(ui::router()),
         )
     }

@@ -25,6 +25,8 @@ mod hardening;
 mod import;
 #[path = "server/insights.rs"]
 mod insights;
+#[path = "server/prom_remote.rs"]
+mod prom_remote;
 #[path = "server/rollup.rs"]
 mod rollup;
 #[path = "server/schedule.rs"]

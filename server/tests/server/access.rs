@@ -27,9 +27,9 @@ use apron_common::TeamName;
 use apron_query::{QueryConfig, Scope};
 use serde_json::Value;
 
-const VIEWER: &str = "viewer-token-0123456789";
-const VISION: &str = "vision-token-0123456789";
-const AGENT: &str = "agent-token-0123456789";
+pub(super) const VIEWER: &str = "viewer-token-0123456789";
+pub(super) const VISION: &str = "vision-token-0123456789";
+pub(super) const AGENT: &str = "agent-token-0123456789";
 const ADMIN: &str = "admin-token-0123456789";
 /// 10:30, where GPU-A passes from vision to nlp.
 const HANDOVER: i64 = T0 + 30 * MIN;
@@ -38,7 +38,7 @@ fn vision() -> TeamName {
     TeamName::new("vision").expect("team")
 }
 
-fn open_with_roles(dir: &std::path::Path) -> Server {
+pub(super) fn open_with_roles(dir: &std::path::Path) -> Server {
     let cred = |t: &str, role| Credential { token: t.as_bytes().into(), role };
     let access = Access::Tokens(
         vec![
@@ -100,14 +100,9 @@ fn ts(us: i64) -> String {
     format!("to_timestamp_micros({us})")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = open_with_roles(dir.path())
-        .with_cost(cost(dir.path(), apron_cost::TeamConfig::default()))
-        .expect("cost")
-        .with_alerts(AlertsConfig::default())
-        .with_recommend(RecommendSettings::default());
+/// The trace of the module docs (10 s windows, an hour from T0; GPU-A busy at 60 %, the
+/// others idle).
+pub(super) fn trace() -> Vec<apron_common::GpuWindow> {
     let (a, b, c, d) = (
         ident("node-0", "GPU-A", H100),
         ident("node-0", "GPU-B", H100),
@@ -116,14 +111,24 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
     );
     let cv = pod("vision", "train", r#"{"team":"vision"}"#);
     let nlp = pod("nlp", "serve", r#"{"team":"nlp"}"#);
-    let trace = windows(&[
+    windows(&[
         seg(&a, 0, 30 * MIN, 0.6, 20.0, Some(cv.clone())),
         seg(&a, 30 * MIN, 60 * MIN, 0.6, 20.0, Some(nlp.clone())),
-        seg(&b, 0, 60 * MIN, 0.0, 0.5, Some(nlp.clone())),
+        seg(&b, 0, 60 * MIN, 0.0, 0.5, Some(nlp)),
         seg(&c, 0, 60 * MIN, 0.0, 0.0, None),
-        seg(&d, 0, 60 * MIN, 0.0, 0.5, Some(cv.clone())),
-    ]);
-    ingest(&server, &trace, 0);
+        seg(&d, 0, 60 * MIN, 0.0, 0.5, Some(cv)),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open_with_roles(dir.path())
+        .with_cost(cost(dir.path(), apron_cost::TeamConfig::default()))
+        .expect("cost")
+        .with_alerts(AlertsConfig::default())
+        .with_recommend(RecommendSettings::default());
+    ingest(&server, &trace(), 0);
     let now = T0 + 61 * MIN;
     let ledger = server.ledger().expect("ledger").clone();
     ledger.run_once(now).await;
