@@ -342,7 +342,7 @@ async fn write_request(s: &RemoteState, request: Request) -> Result<usize, Remot
     let req = decode_write(&body, limit)?;
     let points = points(&req);
     let mut buffer = s.buffer.lock().await;
-    let (windows, sequence) = buffer.add(points).map_err(RemoteError::Store)?;
+    let (windows, sequence, undo) = buffer.add(points).map_err(RemoteError::Store)?;
     if windows.is_empty() {
         return Ok(0);
     }
@@ -357,8 +357,15 @@ async fn write_request(s: &RemoteState, request: Request) -> Result<usize, Remot
         &s.epoch,
         sequence,
     )
-    .await
-    .map_err(RemoteError::Store)?;
+    .await;
+    let stored = match stored {
+        Ok(stored) => stored,
+        Err(e) => {
+            // Prometheus retries a 5xx: the batch must make its windows again then.
+            buffer.undo(undo);
+            return Err(RemoteError::Store(e));
+        }
+    };
     tracing::debug!(?stored, "remote write");
     Ok(stored.stored)
 }
@@ -402,7 +409,7 @@ fn gpu_key(labels: &Labels) -> Option<String> {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct SeriesState {
     /// The newest points already converted (at most [`CONTEXT`]), sorted by time.
     context: Vec<(i64, f64)>,
@@ -410,7 +417,7 @@ struct SeriesState {
     pending: Vec<(i64, f64)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct GpuState {
     series: Vec<Labels>,
     /// The newest time converted: windows ending there or before were made already.
@@ -428,9 +435,27 @@ pub struct WriteBuffer {
 impl WriteBuffer {
     /// Adds a request's points; returns the new windows (sorted by GPU, then time) and the
     /// sequence number to store them under.
-    pub fn add(&mut self, points: Vec<Point>) -> Result<(Vec<GpuWindow>, u64), String> {
+    ///
+    /// The [`Undo`] puts the GPUs it touched back as they were, for a batch that could
+    /// not be stored: Prometheus sends it again, and it must convert again.
+    pub fn add(&mut self, points: Vec<Point>) -> Result<(Vec<GpuWindow>, u64, Undo), String> {
         let mut touched: Vec<String> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
+        let mut undo = Undo::default();
+        for (labels, _, _) in &points {
+            let Some(gpu) = gpu_key(labels) else { continue };
+            if !undo.series.iter().any(|(k, _)| k == labels) {
+                undo.series.push((labels.clone(), self.series.get(labels).cloned()));
+            }
+            if seen.insert(gpu.clone()) {
+                let before = self.gpus.get(&gpu).cloned();
+                for k in before.iter().flat_map(|g| &g.series) {
+                    undo.series.push((k.clone(), self.series.get(k).cloned()));
+                }
+                undo.gpus.push((gpu, before));
+            }
+        }
+        seen.clear();
         for (labels, t, v) in points {
             let Some(gpu) = gpu_key(&labels) else { continue };
             if !self.series.contains_key(&labels) {
@@ -491,8 +516,32 @@ impl WriteBuffer {
         if !windows.is_empty() {
             self.sequence += 1;
         }
-        Ok((windows, self.sequence))
+        Ok((windows, self.sequence, undo))
     }
+
+    /// Puts back what [`WriteBuffer::add`] changed (the sequence stays: a retry is a new
+    /// batch, and nothing of the failed one was stored).
+    pub fn undo(&mut self, undo: Undo) {
+        for (key, before) in undo.series {
+            match before {
+                Some(s) => self.series.insert(key, s),
+                None => self.series.remove(&key),
+            };
+        }
+        for (gpu, before) in undo.gpus {
+            match before {
+                Some(g) => self.gpus.insert(gpu, g),
+                None => self.gpus.remove(&gpu),
+            };
+        }
+    }
+}
+
+/// The state of the GPUs and series one [`WriteBuffer::add`] touched, before it.
+#[derive(Debug, Default)]
+pub struct Undo {
+    gpus: Vec<(String, Option<GpuState>)>,
+    series: Vec<(Labels, Option<SeriesState>)>,
 }
 
 // ───────────────────────────── remote read ─────────────────────────────
@@ -956,22 +1005,26 @@ mod tests {
         let fb = |s: &[(i64, f64)]| series("DCGM_FI_DEV_FB_USED", "GPU-a", &[], s);
         // Scrapes at 0, 15, 30; the scrape at 30 is split: util now, fb_used later.
         let first = request(vec![util(&[(0, 10.0), (15, 20.0), (30, 30.0)]), fb(&[(0, 1.0), (15, 2.0)])]);
-        let (w, seq) = b.add(first.clone()).expect("add");
+        // A batch that could not be stored converts again when Prometheus resends it.
+        let (failed, _, undo) = b.add(first.clone()).expect("add");
+        b.undo(undo);
+        let (w, seq, _) = b.add(first.clone()).expect("add");
+        assert_eq!(w, failed);
         // (0, 15]; 30 is held back.
         assert_eq!(w.len(), 1);
-        assert_eq!((w[0].time.0 / 1000 - T0_MS, w[0].window.as_secs(), seq), (15_000, 15, 1));
+        assert_eq!((w[0].time.0 / 1000 - T0_MS, w[0].window.as_secs(), seq), (15_000, 15, 2));
         assert_eq!(w[0].value(Field::GpuUtil), Some(0.2));
         assert_eq!(w[0].value(Field::FbUsedBytes), Some(2.0 * 1_048_576.0));
         // The same request again: nothing.
         assert!(b.add(first).expect("again").0.is_empty());
         // The rest of the scrape at 30, then the scrape at 45: (15, 30] with both fields.
         assert!(b.add(request(vec![fb(&[(30, 3.0)])])).expect("rest").0.is_empty());
-        let (w, seq) = b.add(request(vec![util(&[(45, 40.0)]), fb(&[(45, 4.0)])])).expect("next");
+        let (w, seq, _) = b.add(request(vec![util(&[(45, 40.0)]), fb(&[(45, 4.0)])])).expect("next");
         assert_eq!(w.len(), 1, "{w:?}");
-        assert_eq!((w[0].time.0 / 1000 - T0_MS, w[0].window.as_secs(), seq), (30_000, 15, 2));
+        assert_eq!((w[0].time.0 / 1000 - T0_MS, w[0].window.as_secs(), seq), (30_000, 15, 3));
         assert_eq!((w[0].value(Field::GpuUtil), w[0].value(Field::FbUsedBytes)), (Some(0.3), Some(3.0 * 1_048_576.0)));
         // A gap far beyond the series' step opens it again instead of billing the gap.
-        let (w, _) = b.add(request(vec![util(&[(4000, 50.0), (4015, 60.0)])])).expect("gap");
+        let (w, _, _) = b.add(request(vec![util(&[(4000, 50.0), (4015, 60.0)])])).expect("gap");
         assert!(w.iter().all(|w| w.window.as_secs() == 15), "{w:?}");
         // MIG instances are their own GPUs, series without UUID are left out.
         let mig = series("DCGM_FI_DEV_GPU_UTIL", "GPU-m", &[("GPU_I_ID", "3")], &[(0, 1.0)]);
@@ -995,7 +1048,7 @@ mod tests {
         assert_eq!(eq_empty.sql("pod"), "(pod IS NULL OR pod = '')");
         let neq = m("namespace", MatchType::Neq, "o'brien");
         assert_eq!(neq.sql("namespace"), "(namespace IS NULL OR namespace <> 'o''brien')");
-        let bad = Matcher::new(&matcher("pod", MatchType::Re, "(")).err().expect("bad regex");
+        let bad = Matcher::new(&matcher("pod", MatchType::Re, "(")).expect_err("bad regex");
         assert_eq!((bad.status().as_u16(), bad.code()), (400, "invalid_matcher"));
         let unknown = Matcher::new(&LabelMatcher { r#type: 9, name: "pod".into(), value: "x".into() });
         assert!(unknown.is_err());
