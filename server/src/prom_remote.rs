@@ -29,9 +29,11 @@
 //!
 //! A resent WriteRequest stores nothing new: its samples are at or before what the
 //! buffer converted (filtered) or overlap the rows they made (dropped by
-//! `store_windows`). Every failure is a [`RemoteError`], mapped to its status once
-//! ([`RemoteError::status`]): 400 for a body that is not snappy or not the protobuf
-//! message, 413 over the body limit, 415 for remote-write 2.0; nothing is stored then.
+//! `store_windows`); one the store refused (503) is converted again when it comes back,
+//! since [`WriteBuffer::undo`] puts the buffer back as it was. Every failure is a
+//! [`RemoteError`], mapped to its status once ([`RemoteError::status`]): 400 for a body
+//! that is not snappy or not the protobuf message, 413 over the body limit, 415 for
+//! remote-write 2.0; nothing is stored then.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
