@@ -50,6 +50,12 @@ if ! python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.htt
   python3 -m pip install --quiet --disable-pip-version-check "opentelemetry-sdk>=1.20" "opentelemetry-exporter-otlp-proto-http>=1.20"
 fi
 
+# The PostgreSQL clients analysts use, against the pg port (tests/pg/clients.py, from
+# server/tests/server/pg_clients.rs): psycopg 3, asyncpg, SQLAlchemy and pandas.
+if ! python3 -c "import psycopg, asyncpg, sqlalchemy, pandas" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check "psycopg[binary]>=3.1" "asyncpg>=0.29" "sqlalchemy>=2" "pandas>=2"
+fi
+
 # A real S3-compatible server for the object-store storage root (query/tests/query.rs).
 # Built once into ~/.cache/apron-tools, outside the clone, so CI does not rebuild it
 # every run (the tests look there, or at $APRON_S3S_FS).
@@ -125,6 +131,7 @@ psql --version
 "$S3S_FS" --version
 python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
 python3 -c "import aiosmtpd, openpyxl; print('aiosmtpd', aiosmtpd.__version__, '/ openpyxl', openpyxl.__version__)"
+python3 -c "import psycopg, asyncpg, sqlalchemy, pandas; print('psycopg', psycopg.__version__, '/ asyncpg', asyncpg.__version__, '/ sqlalchemy', sqlalchemy.__version__, '/ pandas', pandas.__version__)"
 promtool --version 2>&1 | head -1
 slurmd -V
 munged --version

@@ -778,13 +778,14 @@
 
   // ───────────────────────────── recommendations ─────────────────────────────
 
-  let recsWindow = "7d";
+  // null: the server's [recommend] window, as `apron recommend` and the API default to.
+  let recsWindow = null;
 
   async function loadRecs() {
     const body = $("recs-body");
     let r;
     try {
-      r = await api("/api/v1/recommendations?window=" + encodeURIComponent(recsWindow));
+      r = await api("/api/v1/recommendations" + (recsWindow ? "?window=" + encodeURIComponent(recsWindow) : ""));
     } catch (e) {
       emptyRow(body, 8, "—");
       showNote("recs-note", describeError(e, "Recommendations (GET /api/v1/recommendations)"), isUnavailable(e) ? "info" : null);
@@ -801,8 +802,20 @@
       ? byKind.reduce((s, [, v]) => s + (num(v) || 0), 0)
       : recs.reduce((s, x) => s + (num(x.monthly_savings_usd) || 0), 0);
     $("kpi-savings").textContent = fmtUSDShort(total);
+    $("kpi-savings").dataset.value = String(total);
+    if (!recsWindow) {
+      // The server's default window: mark its button (if one matches) as chosen.
+      const hours = (Date.parse(r.to) - Date.parse(r.from)) / 3.6e6;
+      for (const b of document.querySelectorAll("#recs-window .seg-btn")) {
+        const m = /^(\d+)([hd])$/.exec(b.dataset.window || "");
+        const h = m ? Number(m[1]) * (m[2] === "d" ? 24 : 1) : NaN;
+        b.classList.toggle("active", Math.abs(h - hours) < 0.01);
+      }
+    }
     $("kpi-savings").className = "kpi-value" + (total > 0 ? " good" : "");
-    const count = recs.length + " recommendation" + (recs.length === 1 ? "" : "s") + " over " + (r.window || recsWindow);
+    const covered = num(r && r.covered_hours);
+    const count = recs.length + " recommendation" + (recs.length === 1 ? "" : "s") + " over " + (r.window || recsWindow || "the default window") +
+      (Number.isFinite(covered) && covered < (Date.parse(r.to) - Date.parse(r.from)) / 3.6e6 - 0.05 ? " (" + covered.toFixed(1) + " h of data)" : "");
     $("kpi-savings-sub").textContent = byKind.length > 1 ? byKind.map(([k, v]) => k + " " + fmtUSDShort(v)).join(" · ") + " · " + count : count;
     if (!recs.length) {
       emptyRow(body, 8, "No recommendation for this window.");

@@ -53,6 +53,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::config::QueryConfig;
 use crate::error::QueryError;
 use crate::guard;
+use crate::pgcompat;
 use crate::provider::ApronTable;
 use crate::readonly;
 use crate::render::QueryResult;
@@ -60,6 +61,12 @@ use crate::rollup::{self, RollupTable};
 use crate::scope::{self, Scope};
 use crate::source::TableSource;
 use crate::tables::TABLES;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::ParamValues;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion_pg_catalog::pg_catalog::PgCatalogStaticTables;
+use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 
 /// A read-only SQL engine over a [`TableSource`]. Share it with `Arc`; queries run
 /// concurrently up to `max_concurrent`.
@@ -86,6 +93,10 @@ struct Inner {
     /// One session per team seen so far: `base` with a catalog of scoped tables
     /// ([`crate::scope`]) in place of the tables.
     team_sessions: std::sync::Mutex<HashMap<TeamName, SessionState>>,
+    /// PostgreSQL clients' SQL rewrites ([`Request::pg_client`]).
+    pg_parser: PostgresCompatibilityParser,
+    /// `pg_catalog`'s fixed tables (types, functions, …), shared by every session.
+    pg_tables: Arc<PgCatalogStaticTables>,
 }
 
 /// The query runtime; shut down without blocking, since the engine may be dropped
@@ -159,6 +170,11 @@ impl QueryEngine {
         let max_string = usize::try_from(config.max_string_result_bytes).unwrap_or(usize::MAX);
         guard::capped_functions(&mut state, max_string).map_err(df_err)?;
         let ctx = SessionContext::new_with_state(state);
+        // `pg_catalog` (tables and functions) for PostgreSQL clients: what psql's `\d`,
+        // JDBC's DatabaseMetaData and Grafana's pickers ask on connect. Metadata only
+        // (row counts are not estimated), the same for every principal.
+        let default_catalog = ctx.state().config_options().catalog.default_catalog.clone();
+        let pg_tables = pgcompat::setup(&ctx, &default_catalog).map_err(df_err)?;
         let mut tables = Vec::new();
         let mut providers: Vec<(&'static str, Arc<dyn TableProvider>)> = Vec::new();
         for def in TABLES {
@@ -198,6 +214,8 @@ impl QueryEngine {
                 config,
                 providers: std::sync::Mutex::new(providers),
                 team_sessions: Default::default(),
+                pg_parser: PostgresCompatibilityParser::new(),
+                pg_tables,
             }),
             slots,
             internal_slots,
@@ -248,7 +266,41 @@ impl QueryEngine {
 
     /// [`QueryEngine::execute`] for a principal that may only read `scope`'s rows.
     pub async fn execute_as(&self, sql: &str, scope: &Scope) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, Some(self.inner.config.max_result_rows), scope, Caller::Client).await
+        self.execute_request_as(Request::sql(sql), scope).await
+    }
+
+    /// A client's [`Request`] (the PostgreSQL port's: its dialect, bound parameters)
+    /// over `scope`'s rows, under the same checks and limits as [`QueryEngine::execute_as`].
+    pub async fn execute_request_as(&self, request: Request, scope: &Scope) -> Result<QueryResult, QueryError> {
+        self.execute_capped(request, Some(self.inner.config.max_result_rows), scope, Caller::Client).await
+    }
+
+    /// What `request` would answer, without running it: its result schema and its
+    /// parameters' types (the extended protocol's Parse and Describe). It is parsed,
+    /// checked and planned exactly as [`QueryEngine::execute_request_as`] would, over
+    /// `scope`'s tables, on a client slot and under the query timeout.
+    pub async fn describe_as(&self, request: Request, scope: &Scope) -> Result<Described, QueryError> {
+        let task_scope = scope.clone();
+        self.on_runtime(scope, Caller::Client, move |inner| async move {
+            let state = inner.query_state(&task_scope)?;
+            let plan = inner.plan(&state, &request).await?;
+            let params = plan.get_parameter_types().map_err(|e| inner.df_err(e))?;
+            let mut params: Vec<(usize, Option<DataType>)> = params
+                .into_iter()
+                .filter_map(|(id, t)| Some((id.strip_prefix('$')?.parse::<usize>().ok()?, t)))
+                .collect();
+            params.sort_by_key(|(n, _)| *n);
+            // `$1 … $n`: a gap (`$1`, `$3`) still takes n values, the missing untyped.
+            let n = params.last().map_or(0, |(n, _)| *n);
+            let mut types = vec![None; n];
+            for (i, t) in params {
+                if let Some(slot) = i.checked_sub(1).and_then(|i| types.get_mut(i)) {
+                    *slot = t;
+                }
+            }
+            Ok(Described { schema: Arc::new(plan.schema().as_arrow().clone()), params: types })
+        })
+        .await
     }
 
     /// The `gpu_samples_1m` rows of `minutes`, computed from `gpu_samples` alone (never
@@ -256,7 +308,7 @@ impl QueryEngine {
     /// what the materializer stores. Runs under the engine's limits except the result
     /// row cap.
     pub async fn rollup(&self, minutes: rollup::Minutes) -> Result<QueryResult, QueryError> {
-        self.execute_capped(&rollup::rollup_sql(minutes), None, &Scope::All, Caller::Server).await
+        self.execute_capped(Request::sql(&rollup::rollup_sql(minutes)), None, &Scope::All, Caller::Server).await
     }
 
     /// Runs a query of the server's own (the cost ledger, the weekly report) under the
@@ -264,13 +316,13 @@ impl QueryEngine {
     /// cap, which is there for clients.
     /// It runs on the slots reserved for the server's own work.
     pub async fn execute_internal(&self, sql: &str) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, None, &Scope::All, Caller::Server).await
+        self.execute_capped(Request::sql(sql), None, &Scope::All, Caller::Server).await
     }
 
     /// [`QueryEngine::execute_internal`] over `scope`'s rows only, for a client's
     /// request (a weekly report): no result-row cap, but on the client's slots and share.
     pub async fn execute_internal_as(&self, sql: &str, scope: &Scope) -> Result<QueryResult, QueryError> {
-        self.execute_capped(sql, None, scope, Caller::Client).await
+        self.execute_capped(Request::sql(sql), None, scope, Caller::Client).await
     }
 
     /// A slot for one query: a client first takes one of its principal's share, then
@@ -312,33 +364,46 @@ impl QueryEngine {
 
     async fn execute_capped(
         &self,
-        sql: &str,
+        request: Request,
         max_rows: Option<usize>,
         scope: &Scope,
         caller: Caller,
     ) -> Result<QueryResult, QueryError> {
+        let task_scope = scope.clone();
+        self.on_runtime(scope, caller, move |inner| async move {
+            match inner.run(&request, max_rows, &task_scope).await {
+                // A file was replaced under the query (it planned before a compaction or
+                // a derived partition's rewrite, and read after the old file's grace):
+                // planned again, it reads the replacement. Read-only, so safe to repeat.
+                Err(e) if e.is_vanished_file() => {
+                    tracing::debug!("a data file was replaced under a query; running it again");
+                    inner.run(&request, max_rows, &task_scope).await
+                }
+                other => other,
+            }
+        })
+        .await
+    }
+
+    /// Runs `work` on the query runtime on one of `caller`'s slots, under the query
+    /// timeout; a scoped principal's errors that could describe data become opaque.
+    async fn on_runtime<T, F, Fut>(&self, scope: &Scope, caller: Caller, work: F) -> Result<T, QueryError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, QueryError>> + Send + 'static,
+    {
         let config = &self.inner.config;
         let permit = self.acquire(scope, caller).await?;
         let Some(runtime) = self.runtime.0.as_ref() else {
             return Err(QueryError::Internal { detail: "the query runtime is shut down".into() });
         };
         let started = Instant::now();
-        let inner = self.inner.clone();
-        let sql = sql.to_owned();
-        let task_scope = scope.clone();
+        let work = work(self.inner.clone());
         let mut task = runtime.spawn(async move {
             // The slot is held until the query has really stopped.
             let _permit = permit;
-            match inner.run(&sql, max_rows, &task_scope).await {
-                // A file was replaced under the query (it planned before a compaction or
-                // a derived partition's rewrite, and read after the old file's grace):
-                // planned again, it reads the replacement. Read-only, so safe to repeat.
-                Err(e) if e.is_vanished_file() => {
-                    tracing::debug!("a data file was replaced under a query; running it again");
-                    inner.run(&sql, max_rows, &task_scope).await
-                }
-                other => other,
-            }
+            work.await
         });
         // Also cancels the query when the caller goes away (client disconnected).
         let _cancel = AbortOnDrop(task.abort_handle());
@@ -349,7 +414,7 @@ impl QueryEngine {
         };
         match result {
             Ok(r) => {
-                tracing::debug!(rows = r.num_rows(), elapsed = ?started.elapsed(), "query");
+                tracing::debug!(elapsed = ?started.elapsed(), "query");
                 Ok(r)
             }
             Err(e) if scope.is_scoped() && e.describes_data() => {
@@ -363,6 +428,32 @@ impl QueryEngine {
             }
         }
     }
+}
+
+/// One query as a client sent it.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub sql: String,
+    /// Read as a PostgreSQL client's SQL (the pg port): datafusion-pg-catalog's
+    /// compatibility rewrites (catalog operators, `::regclass` casts, psql's and
+    /// Grafana's catalog queries) run on the parsed statement before the checks.
+    pub pg_client: bool,
+    /// The values of `$1`, `$2`, … (the extended protocol's Bind).
+    pub params: Option<ParamValues>,
+}
+
+impl Request {
+    pub fn sql(sql: &str) -> Request {
+        Request { sql: sql.to_owned(), ..Request::default() }
+    }
+}
+
+/// What a query would answer ([`QueryEngine::describe_as`]).
+#[derive(Clone, Debug)]
+pub struct Described {
+    pub schema: SchemaRef,
+    /// The type of each of `$1 … $n` where the plan tells it.
+    pub params: Vec<Option<DataType>>,
 }
 
 /// A short id that ties an opaque error to its log line (not a secret, just unique).
@@ -415,8 +506,12 @@ impl Inner {
         datafusion::catalog::CatalogProviderList::register_catalog(
             catalogs.as_ref(),
             options.catalog.default_catalog.clone(),
-            catalog,
+            catalog.clone(),
         );
+        // The team's own pg_catalog: it describes this catalog (the same tables and
+        // columns as everyone's; rows are never counted).
+        let listed: Arc<dyn datafusion::catalog::CatalogProviderList> = catalogs.clone();
+        pgcompat::register_for(&listed, catalog.as_ref(), self.pg_tables.clone()).map_err(df_err)?;
         let state = SessionStateBuilder::new_from_existing(self.base.clone()).with_catalog_list(catalogs).build();
         sessions.insert(team.clone(), state.clone());
         Ok(state)
@@ -466,21 +561,44 @@ impl Inner {
         Ok(state)
     }
 
-    async fn run(&self, sql: &str, max_rows: Option<usize>, scope: &Scope) -> Result<QueryResult, QueryError> {
-        let lim = self.config.memory_limit_bytes;
-        let df_err = |e| QueryError::from_datafusion(e, lim);
-        let state = self.query_state(scope)?;
-        let dialect = state.config().options().sql_parser.dialect;
-        let statement = state.sql_to_statement(sql, &dialect).map_err(df_err)?;
+    fn df_err(&self, e: datafusion::error::DataFusionError) -> QueryError {
+        QueryError::from_datafusion(e, self.config.memory_limit_bytes)
+    }
+
+    /// Parses, checks and plans `request` in `state`: the shape limits, then the
+    /// read-only checks on the statement and on the plan.
+    async fn plan(&self, state: &SessionState, request: &Request) -> Result<LogicalPlan, QueryError> {
+        let statement = if request.pg_client {
+            let mut statements =
+                self.pg_parser.parse(&request.sql).map_err(|e| QueryError::Syntax { detail: e.to_string() })?;
+            if statements.len() != 1 {
+                return Err(QueryError::Syntax {
+                    detail: format!("expected one statement, found {}", statements.len()),
+                });
+            }
+            DfStatement::Statement(Box::new(statements.remove(0)))
+        } else {
+            let dialect = state.config().options().sql_parser.dialect;
+            state.sql_to_statement(&request.sql, &dialect).map_err(|e| self.df_err(e))?
+        };
         guard::check_shape(&statement, self.config.max_expr_depth, self.config.max_expr_nodes)
             .map_err(|v| QueryError::TooComplex { what: v.what, setting: v.setting })?;
         readonly::check_statement(&statement)?;
         let plan = match state.statement_to_plan(statement).await {
             Ok(plan) => plan,
-            Err(e) => return Err(self.table_hint(df_err(e))),
+            Err(e) => return Err(self.table_hint(self.df_err(e))),
         };
         readonly::check_plan(&plan)?;
+        Ok(plan)
+    }
 
+    async fn run(&self, request: &Request, max_rows: Option<usize>, scope: &Scope) -> Result<QueryResult, QueryError> {
+        let df_err = |e| self.df_err(e);
+        let state = self.query_state(scope)?;
+        let mut plan = self.plan(&state, request).await?;
+        if let Some(params) = &request.params {
+            plan = plan.with_param_values(params.clone()).map_err(df_err)?;
+        }
         let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;
         let schema = stream.schema();
         let max = max_rows.unwrap_or(0);

@@ -36,6 +36,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod guard;
+pub mod pgcompat;
 pub mod provider;
 pub mod prune;
 pub mod readonly;
@@ -47,7 +48,7 @@ pub mod source;
 pub mod tables;
 
 pub use config::QueryConfig;
-pub use engine::QueryEngine;
+pub use engine::{Described, QueryEngine, Request};
 pub use error::QueryError;
 pub use render::{Format, QueryResult, RenderError};
 pub use scope::Scope;

@@ -86,6 +86,7 @@ enum Command {
         /// ISO week, e.g. 2026-W48 (UTC). Default: the last finished week.
         #[arg(long)]
         week: Option<String>,
+        /// The rendering: html (one file), json, csv (four tables) or xlsx.
         #[arg(long, value_enum, default_value_t = apron::report::ReportFormat::Html)]
         format: apron::report::ReportFormat,
         /// Directory to write the report file(s) into.
@@ -128,6 +129,7 @@ enum Command {
         /// [recommend] window (7d unless configured), as the web UI and the API use.
         #[arg(long)]
         window: Option<String>,
+        /// A table for people, or the API's JSON.
         #[arg(long, value_enum, default_value_t = RecommendFormat::Table)]
         format: RecommendFormat,
         /// The server to ask.
@@ -335,7 +337,10 @@ fn run(args: Args) -> anyhow::Result<()> {
 enum PricebookAction {
     /// Checks a price book and prints its per-model $/GPU-hour table (on-prem
     /// derivations included).
-    Show { file: PathBuf },
+    Show {
+        /// The price book (TOML).
+        file: PathBuf,
+    },
     /// Turns a SkyPilot catalog CSV (e.g. skypilot-catalog's vms.csv) into `[[price]]`
     /// entries on stdout, per GPU (instance price / accelerator count), the cheapest row
     /// per model; accelerators with no NVML mapping are listed on stderr.

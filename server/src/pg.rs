@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  TCP accept ─► over [pg] max_connections (256) open: closed at once, counted, logged
-//!    ─► pgwire (startup, simple-query protocol), the client's bytes framed by `Guard`
+//!    ─► pgwire (startup, simple and extended query protocols), the client's bytes
+//!       framed by `Guard`
 //!    TLS + startup + authentication within [pg] auth_timeout (10 s), or closed
 //!    TLS: SSLRequest answered with rustls when [pg.tls] or [server.tls] is set
 //!    startup: `trust` (apron up: user `apron` only, loopback) or `password` (apron serve:
@@ -15,15 +16,23 @@
 //!    Query "SELECT …" ─► QueryEngine::execute_as(the user's scope: a team:<name> user
 //!             reads that team's rows only; same plan checks, timeout, memory and
 //!             row limits as HTTP) ─► arrow-pg: Arrow batches → text rows with pg types
-//!    Query "SET …" / "BEGIN" / "COMMIT" / "ROLLBACK" / "DISCARD ALL": acknowledged, no
-//!             effect (clients send them on connect; nothing here is transactional)
+//!    Query "SET …" / "BEGIN" / "COMMIT" / "ROLLBACK" / "SAVEPOINT" / "DISCARD ALL":
+//!             acknowledged, no effect (clients send them on connect; nothing here is
+//!             transactional; BEGIN/COMMIT do move the transaction status clients track)
+//!    Query "SHOW <session parameter>" (transaction isolation level, server_version, …):
+//!             the fixed answer drivers expect
+//!    extended protocol: Parse ─► the same size limit, then QueryEngine::describe_as
+//!             (parsed, checked and planned as a query would be, under the user's scope)
+//!             → parameter types and result columns for Describe; Bind stores the values;
+//!             Execute ─► QueryEngine::execute_request_as(text + bound values): the same
+//!             path, checks, timeout and limits as a simple query; a row limit on
+//!             Execute sends that many and suspends the portal for the next
+//!    every query is read as a PostgreSQL client's (datafusion-pg-catalog's rewrites of
+//!             catalog operators and casts); `pg_catalog` and `information_schema`
+//!             describe the user's own session (the same tables and columns for all)
 //!    errors ─► ErrorResponse with a SQLSTATE (25006 read-only, 42601 syntax, 57014
 //!             timeout, 53200 memory, 54000 too many rows, 53300 busy, …)
 //! ```
-//!
-//! Only the simple-query protocol is served (psql, Grafana's datasource and most BI
-//! tools use it for plain SQL); a client that insists on the extended protocol gets a
-//! clear error.
 
 use std::fmt::Debug;
 use std::io;
@@ -33,15 +42,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use apron_query::{QueryEngine, QueryError, Scope};
+use apron_query::{Described, QueryEngine, QueryError, Request, Scope};
 use async_trait::async_trait;
+use datafusion::arrow::datatypes::DataType;
 use futures::{Sink, SinkExt, StreamExt, stream};
+use pgwire::api::Type;
 use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::auth::{AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler};
-use pgwire::api::portal::Format;
-use pgwire::api::query::SimpleQueryHandler;
-use pgwire::api::results::{QueryResponse, Response, Tag};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -165,11 +177,12 @@ struct Shared {
     limits: PgLimits,
 }
 
-/// The simple-query handler of one connection.
+/// The query handlers (simple and extended protocol) of one connection.
 struct Queries {
     shared: Arc<Shared>,
     /// What [`Guard`] saw on this connection.
     seen: Arc<Seen>,
+    parser: Arc<Parser>,
 }
 
 /// Set by a connection's [`Guard`] as the client's bytes pass, read by its handlers.
@@ -225,17 +238,77 @@ fn is_comment_only(query: &str) -> bool {
     }
 }
 
-/// Session statements clients send on connect, acknowledged without effect.
+/// Session statements clients send on connect, acknowledged without effect (nothing
+/// here is transactional: savepoints, too, have nothing to undo).
 fn session_noop(query: &str) -> Option<&'static str> {
-    let first = query.trim_start().split(|c: char| c.is_whitespace() || c == ';').next()?.to_ascii_uppercase();
+    let mut words = query.split(|c: char| c.is_whitespace() || c == ';').filter(|w| !w.is_empty());
+    let first = words.next()?.to_ascii_uppercase();
     match first.as_str() {
         "SET" => Some("SET"),
         "BEGIN" | "START" => Some("BEGIN"),
         "COMMIT" | "END" => Some("COMMIT"),
+        // `ROLLBACK TO [SAVEPOINT] x` stays inside the block.
+        "ROLLBACK" if words.next().is_some_and(|w| w.eq_ignore_ascii_case("TO")) => Some("ROLLBACK TO"),
         "ROLLBACK" | "ABORT" => Some("ROLLBACK"),
+        "SAVEPOINT" => Some("SAVEPOINT"),
+        "RELEASE" => Some("RELEASE"),
         "DISCARD" => Some("DISCARD ALL"),
         _ => None,
     }
+}
+
+/// The answer to a session statement: `BEGIN` opens a (read-only, effect-free)
+/// transaction block and `COMMIT`/`ROLLBACK` close it, so that the transaction status
+/// clients track (asyncpg's cursors need one open) follows what they sent.
+fn noop_response(tag: &'static str) -> Response {
+    match tag {
+        "BEGIN" => Response::TransactionStart(Tag::new(tag)),
+        "COMMIT" | "ROLLBACK" => Response::TransactionEnd(Tag::new(tag)),
+        "ROLLBACK TO" => Response::Execution(Tag::new("ROLLBACK")),
+        _ => Response::Execution(Tag::new(tag)),
+    }
+}
+
+/// `SHOW <parameter>` for the session parameters drivers read on connect (SQLAlchemy's
+/// isolation level, JDBC's and asyncpg's settings): the name and the fixed answer.
+fn session_show(query: &str) -> Option<(String, &'static str)> {
+    let words: Vec<String> = query
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .map(|w| w.trim_matches('"').to_ascii_lowercase())
+        .collect();
+    if words.first().map(String::as_str) != Some("show") || words.len() < 2 {
+        return None;
+    }
+    let name = words[1..].join(" ");
+    let value = match name.as_str() {
+        "transaction isolation level" | "default_transaction_isolation" => "read committed",
+        "transaction_read_only" | "default_transaction_read_only" => "on",
+        "standard_conforming_strings" | "integer_datetimes" => "on",
+        "server_version" => apron_query::pgcompat::PG_VERSION,
+        "server_version_num" => "160006",
+        "client_encoding" | "server_encoding" => "UTF8",
+        "search_path" => "public",
+        "datestyle" => "ISO, MDY",
+        "timezone" => "UTC",
+        "max_identifier_length" => "63",
+        "lc_collate" | "lc_ctype" => "en_US.UTF-8",
+        "application_name" => "",
+        _ => return None,
+    };
+    Some((name.replace(' ', "_"), value))
+}
+
+/// One text column, one row: a `SHOW` answer.
+fn show_response(name: &str, value: &str, format: &Format) -> PgWireResult<QueryResponse> {
+    use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::datatypes::{Field, Schema};
+    let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, false)]));
+    let batch =
+        datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(vec![value]))])
+            .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    encode(apron_query::QueryResult { schema, batches: vec![batch] }, format)
 }
 
 #[async_trait]
@@ -270,26 +343,153 @@ impl SimpleQueryHandler for Queries {
             return Ok(vec![Response::EmptyQuery]);
         }
         if let Some(tag) = session_noop(query) {
-            return Ok(vec![Response::Execution(Tag::new(tag))]);
+            return Ok(vec![noop_response(tag)]);
         }
-        // The startup handler authenticated this user; the scope follows its role.
+        if let Some((name, value)) = session_show(query) {
+            return Ok(vec![Response::Query(show_response(&name, value, &Format::UnifiedText)?)]);
+        }
+        let scope = self.shared.scope_of(client)?;
+        let request = Request { sql: query.to_owned(), pg_client: true, params: None };
+        let result = self.shared.engine.execute_request_as(request, &scope).await.map_err(|e| pg_error(&e))?;
+        Ok(vec![Response::Query(encode(result, &Format::UnifiedText)?)])
+    }
+}
+
+/// A query's rows as pg rows in `format` (text or binary per column, as the client
+/// asked in Bind; the simple protocol is all text).
+fn encode(result: apron_query::QueryResult, format: &Format) -> PgWireResult<QueryResponse> {
+    let fields = Arc::new(arrow_pg::datatypes::arrow_schema_to_pg_fields(&result.schema, format, None)?);
+    let rows: Vec<_> = result
+        .batches
+        .into_iter()
+        .flat_map(|b| arrow_pg::datatypes::encode_recordbatch(fields.clone(), b).collect::<Vec<_>>())
+        .collect();
+    Ok(QueryResponse::new(fields, stream::iter(rows)))
+}
+
+impl Shared {
+    /// The rows the connection's user (authenticated by the startup handler) may read.
+    fn scope_of<C: ClientInfo>(&self, client: &C) -> PgWireResult<Scope> {
         let user = client.metadata().get(pgwire::api::METADATA_USER).cloned();
-        let Some(scope) = self.shared.auth.scope(user.as_deref()) else {
-            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+        self.auth.scope(user.as_deref()).ok_or_else(|| {
+            PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_owned(),
                 "42501".to_owned(),
                 format!("user {:?} may not query", user.unwrap_or_default()),
-            ))));
+            )))
+        })
+    }
+}
+
+/// A statement of the extended protocol (Parse): planned once for its description,
+/// run from its text and the bound values at Execute, through the same engine path as
+/// a simple query.
+#[derive(Clone, Debug)]
+enum Prepared {
+    /// `SET`, `BEGIN`, … acknowledged without effect, as in the simple protocol.
+    Noop(&'static str),
+    /// `SHOW <session parameter>`: its name and fixed value.
+    Show(String, &'static str),
+    Query(Arc<PreparedQuery>),
+}
+
+#[derive(Debug)]
+struct PreparedQuery {
+    sql: String,
+    described: Described,
+}
+
+/// Parse: the size limit, then the engine's checks and plan under the user's scope.
+struct Parser {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl QueryParser for Parser {
+    type Statement = Prepared;
+
+    async fn parse_sql<C>(&self, client: &C, sql: &str, _types: &[Option<Type>]) -> PgWireResult<Option<Prepared>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let max = self.shared.limits.max_sql_bytes;
+        if sql.len() > max {
+            self.shared.limits.stats.oversized.fetch_add(1, Ordering::Relaxed);
+            return Err(too_long(sql.len(), max));
+        }
+        if is_comment_only(sql) {
+            return Ok(None);
+        }
+        if let Some(tag) = session_noop(sql) {
+            return Ok(Some(Prepared::Noop(tag)));
+        }
+        if let Some((name, value)) = session_show(sql) {
+            return Ok(Some(Prepared::Show(name, value)));
+        }
+        let scope = self.shared.scope_of(client)?;
+        let request = Request { sql: sql.to_owned(), pg_client: true, params: None };
+        let described = self.shared.engine.describe_as(request, &scope).await.map_err(|e| pg_error(&e))?;
+        Ok(Some(Prepared::Query(Arc::new(PreparedQuery { sql: sql.to_owned(), described }))))
+    }
+
+    fn get_parameter_types(&self, stmt: &Prepared) -> PgWireResult<Vec<Type>> {
+        let Prepared::Query(q) = stmt else { return Ok(Vec::new()) };
+        q.described
+            .params
+            .iter()
+            .map(|t| match t {
+                Some(t) => arrow_pg::datatypes::into_pg_type(t),
+                None => Ok(Type::UNKNOWN),
+            })
+            .collect()
+    }
+
+    fn get_result_schema(&self, stmt: &Prepared, format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
+        if let Prepared::Show(name, value) = stmt {
+            let fields = show_response(name, value, format.unwrap_or(&Format::UnifiedText))?.row_schema;
+            return Ok(fields.iter().cloned().collect());
+        }
+        let Prepared::Query(q) = stmt else { return Ok(Vec::new()) };
+        arrow_pg::datatypes::arrow_schema_to_pg_fields(
+            &q.described.schema,
+            format.unwrap_or(&Format::UnifiedText),
+            None,
+        )
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Queries {
+    type Statement = Prepared;
+    type QueryParser = Parser;
+
+    fn query_parser(&self) -> Arc<Parser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(&self, client: &mut C, portal: &Portal<Prepared>, _max_rows: usize) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let q = match &portal.statement.statement {
+            Prepared::Noop(tag) => return Ok(noop_response(tag)),
+            Prepared::Show(name, value) => {
+                return Ok(Response::Query(show_response(name, value, &portal.result_column_format)?));
+            }
+            Prepared::Query(q) => q.clone(),
         };
-        let result = self.shared.engine.execute_as(query, &scope).await.map_err(|e| pg_error(&e))?;
-        let fields =
-            Arc::new(arrow_pg::datatypes::arrow_schema_to_pg_fields(&result.schema, &Format::UnifiedText, None)?);
-        let rows: Vec<_> = result
-            .batches
-            .into_iter()
-            .flat_map(|b| arrow_pg::datatypes::encode_recordbatch(fields.clone(), b).collect::<Vec<_>>())
-            .collect();
-        Ok(vec![Response::Query(QueryResponse::new(fields, stream::iter(rows)))])
+        // The values as the client typed them (Parse), else as the plan infers them.
+        let inferred: Vec<Option<&DataType>> = q.described.params.iter().map(Option::as_ref).collect();
+        let params = arrow_pg::datatypes::df::deserialize_parameters(portal, &inferred)?;
+        let scope = self.shared.scope_of(client)?;
+        let request = Request { sql: q.sql.clone(), pg_client: true, params: Some(params) };
+        let result = self.shared.engine.execute_request_as(request, &scope).await.map_err(|e| pg_error(&e))?;
+        // pgwire sends at most Execute's row limit and keeps the rest in the portal
+        // (PortalSuspended) for the next Execute.
+        Ok(Response::Query(encode(result, &portal.result_column_format)?))
     }
 }
 
@@ -343,6 +543,10 @@ struct Handlers {
 
 impl PgWireServerHandlers for Handlers {
     fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.queries.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
         self.queries.clone()
     }
 
@@ -502,7 +706,8 @@ async fn connection(socket: TcpStream, tls: Option<tokio_rustls::TlsAcceptor>, s
     parts_now.write_buf = parts.write_buf;
     let mut socket = Framed::from_parts(parts_now);
 
-    let handlers = Handlers { queries: Arc::new(Queries { shared, seen: seen.clone() }) };
+    let parser = Arc::new(Parser { shared: shared.clone() });
+    let handlers = Handlers { queries: Arc::new(Queries { shared, seen: seen.clone(), parser }) };
     let startup_handler = handlers.startup_handler();
     let simple_query_handler = handlers.simple_query_handler();
     let extended_query_handler = handlers.extended_query_handler();
@@ -766,6 +971,9 @@ mod tests {
         // Writes are not "session statements": they reach the engine and its refusal.
         assert_eq!(session_noop("INSERT INTO gpu_samples VALUES (1)"), None);
         assert_eq!(session_noop("settle"), None);
+        assert_eq!(session_noop("ROLLBACK TO SAVEPOINT _pg3_1"), Some("ROLLBACK TO"));
+        assert_eq!(session_noop("rollback"), Some("ROLLBACK"));
+        assert_eq!(session_noop("SAVEPOINT _pg3_1"), Some("SAVEPOINT"));
     }
 
     #[test]

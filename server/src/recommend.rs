@@ -291,21 +291,24 @@ impl Recommender {
     }
 
     /// How much of `(from, to]` the fleet's samples cover: from the start of the first
-    /// window in it to the end of the last (`None` when it holds no sample).
+    /// window in it (its end less the longest window) to the end of the last (`None`
+    /// when it holds no sample).
     async fn covered(&self, from_us: i64, to_us: i64) -> Result<Option<i64>, String> {
         let sql = format!(
-            "SELECT min(CAST(time AS BIGINT) - CAST(window_s * 1000000 AS BIGINT)), max(CAST(time AS BIGINT)) \
+            "SELECT CAST(min(time) AS BIGINT), CAST(max(time) AS BIGINT), CAST(max(window_s) * 1000000 AS BIGINT) \
              FROM gpu_samples WHERE time > {} AND time <= {}",
             ts(from_us),
             ts(to_us)
         );
         let batches = self.query(&sql).await?;
         let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else { return Ok(None) };
-        let (first, last) = (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>());
+        let col = |i: usize| b.column(i).as_primitive::<Int64Type>();
+        let (first, last, window) = (col(0), col(1), col(2));
         if first.is_null(0) || last.is_null(0) {
             return Ok(None);
         }
-        let span = last.value(0).min(to_us) - first.value(0).max(from_us);
+        let start = first.value(0) - if window.is_null(0) { 0 } else { window.value(0) };
+        let span = last.value(0).min(to_us) - start.max(from_us);
         Ok((span > 0).then_some(span))
     }
 

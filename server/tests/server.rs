@@ -25,6 +25,8 @@ mod hardening;
 mod import;
 #[path = "server/insights.rs"]
 mod insights;
+#[path = "server/pg_clients.rs"]
+mod pg_clients;
 #[path = "server/prom_remote.rs"]
 mod prom_remote;
 #[path = "server/rollup.rs"]

@@ -16,6 +16,9 @@ flags fit for CI as root (--headless=new --no-sandbox --disable-gpu
 - the page finishes its first refresh (body[data-state=ready]);
 - #idle-dollars-total shows EXPECTED_TOTAL (its text as dollars and its data-value, to
   the cent);
+- #kpi-savings (the monthly savings headline) equals the sum of GET
+  /api/v1/recommendations' `monthly_savings_usd` over the same default window, within 2 %
+  (the two reads are moments apart on live data);
 - the heatmap canvas drew cells (canvas#heatmap[data-cells] > 0);
 - the SQL box runs `SELECT 1 AS one` into a one-row table;
 - at 1280 and at 1920 px wide (WIDTHS), with the recommendations' evidence closed and
@@ -57,6 +60,8 @@ WIDTHS = (1280, 1920)
 VIEW_W = WIDTHS[0]
 # Pixels of horizontal overflow tolerated (sub-pixel rounding).
 SLACK_PX = 1
+# The savings headline against the API read a moment later (live data moves).
+SAVINGS_TOLERANCE = 0.02
 
 # Run in the page: what overflows horizontally. The document wider than the viewport;
 # a table or a scroll container (overflow-x auto or scroll) whose content is wider than
@@ -354,6 +359,31 @@ def main():
                     failures.append("#idle-dollars-total data-value is %r, expected %s" % (total["value"], expected))
                 else:
                     print("idle dollars total: %s (week %s) = expected %s" % (shown_text, total["week"], expected))
+
+            # The savings headline is the API's sum over the same (default) window: the
+            # page's figure against a fresh GET of the same endpoint (the fleet moves on
+            # between the two reads, so within SAVINGS_TOLERANCE).
+            savings = js(
+                "(async () => { const e = document.getElementById('kpi-savings');"
+                " const h = new Headers(); const t = localStorage.getItem('apron.token');"
+                " if (t) h.set('Authorization', 'Bearer ' + t);"
+                " const r = await (await fetch('/api/v1/recommendations', {headers: h})).json();"
+                " const sum = Object.values(r.monthly_savings_usd || {}).reduce((a, v) => a + Number(v), 0);"
+                " return {shown: e ? e.dataset.value || '' : null, text: e ? e.textContent : '', api: sum, window: r.window}; })()"
+            )
+            try:
+                shown = float(savings["shown"])
+            except (TypeError, ValueError, KeyError):
+                shown = None
+            if shown is None:
+                failures.append("#kpi-savings has no data-value: %r" % savings)
+            elif abs(shown - savings["api"]) > SAVINGS_TOLERANCE * max(abs(savings["api"]), 1.0):
+                failures.append(
+                    "the savings headline %s (%s) differs from the API's sum %.2f over %s"
+                    % (savings["text"], shown, savings["api"], savings["window"])
+                )
+            else:
+                print("savings headline: %s = the API's %.2f over %s" % (savings["text"].strip(), savings["api"], savings["window"]))
 
             cells = js("Number((document.getElementById('heatmap') || {dataset: {}}).dataset.cells || 0)")
             gpus = js("Number((document.getElementById('heatmap') || {dataset: {}}).dataset.gpus || 0)")

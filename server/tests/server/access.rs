@@ -120,18 +120,23 @@ pub(super) fn trace() -> Vec<apron_common::GpuWindow> {
     ])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = open_with_roles(dir.path())
-        .with_cost(cost(dir.path(), apron_cost::TeamConfig::default()))
+/// A server with the roles, holding [`trace`] priced by a ledger pass at `now`.
+pub(super) async fn priced_trace(dir: &std::path::Path, now: i64) -> Server {
+    let server = open_with_roles(dir)
+        .with_cost(cost(dir, apron_cost::TeamConfig::default()))
         .expect("cost")
         .with_alerts(AlertsConfig::default())
         .with_recommend(RecommendSettings::default());
     ingest(&server, &trace(), 0);
+    server.ledger().expect("ledger").run_once(now).await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
+    let dir = tempfile::tempdir().expect("tempdir");
     let now = T0 + 61 * MIN;
-    let ledger = server.ledger().expect("ledger").clone();
-    ledger.run_once(now).await;
+    let server = priced_trace(dir.path(), now).await;
     server.alerts().expect("alerts").evaluate_at(now).await.expect("alerts");
     server.recommender().expect("recommender").refresh_at(now).await.expect("recommendations");
 

@@ -1022,8 +1022,22 @@ fn files_and_the_catalog_are_out_of_reach() {
         findings.add("information_schema.tables shows other tables", format!("{tables:?}"));
     }
     let schemas = first_column(&rows(f.addr(), VISION, "SELECT DISTINCT table_schema FROM information_schema.tables"));
-    if let Some(s) = schemas.iter().find(|s| !["public", "information_schema"].contains(&s.as_str())) {
+    // pg_catalog is PostgreSQL clients' catalog: metadata only, the same for everyone.
+    if let Some(s) = schemas.iter().find(|s| !["public", "information_schema", "pg_catalog"].contains(&s.as_str())) {
         findings.add("information_schema shows another schema", s.clone());
+    }
+    let counted = first_column(&rows(f.addr(), VISION, "SELECT relname FROM pg_catalog.pg_class WHERE reltuples <> 0"));
+    if !counted.is_empty() {
+        findings.add("pg_catalog estimates row counts", format!("{counted:?}"));
+    }
+    let listed = first_column(&rows(
+        f.addr(),
+        VISION,
+        "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON c.relnamespace = n.oid \
+         WHERE n.nspname = 'public' AND c.relkind = 'r'",
+    ));
+    if listed != contract {
+        findings.add("pg_catalog lists other tables", format!("{listed:?}"));
     }
     findings.assert_none(attempts.len(), &f.log);
 }
