@@ -359,9 +359,10 @@ pub async fn produce(
     match (freeze, stored) {
         (Freeze::View, Some(files)) => Ok(Produced { files, frozen: true, changed }),
         (Freeze::View, None) => Ok(Produced { files: render(&fresh, format)?, frozen: false, changed }),
-        (Freeze::Close, _) if week.end_us() > now_us => {
-            Err(format!("{week} has not ended yet ({}); a week can be closed once it is over", ts(week.end_us())))
-        }
+        (Freeze::Close, _) if week.end_us() > now_us => Err(format!(
+            "{week} has not ended yet (it ends {}); a week can be closed once it is over",
+            apron_common::UnixMicros(week.end_us()).to_rfc3339()
+        )),
         (Freeze::Close, _) => {
             store(data_dir, week, &fresh)?;
             Ok(Produced { files: render(&fresh, format)?, frozen: true, changed })
