@@ -143,28 +143,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let addr = listener.local_addr()?;
+        // SIGTERM is handled from here on, before anyone is told the agent is up: a
+        // supervisor that stops it right after the line below gets a clean stop.
+        let shutdown = apron_common::serve::shutdown_signal();
         tracing::info!("serving {}://{addr}/metrics", config.http.scheme());
         // A line on stdout that scripts and tests can wait for.
         println!("listening on {addr}");
-        apron_agent::run(config, source, listener, shutdown_signal()).await?;
+        apron_agent::run(config, source, listener, shutdown).await?;
         Ok(())
     })
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down");
 }

@@ -431,6 +431,33 @@ async fn drive<I>(
     }
 }
 
+/// The shutdown future. The SIGTERM handler is registered here, at once — not when the
+/// future is first polled — so a SIGTERM that arrives right after the server announced
+/// itself is a clean shutdown, never the default action (death by signal).
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term => {},
+        }
+        tracing::info!("shutdown signal received");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};

@@ -287,7 +287,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
-                let shutdown = shutdown_signal();
+                let shutdown = apron_common::serve::shutdown_signal();
                 println!("listening on {addr}");
                 server.run(listener, shutdown).await?;
                 Ok(())
@@ -325,7 +325,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             let options =
                 UpOptions { http, data_dir: data, pg, hostname: machine_hostname(), backfill, source, config };
             let up = Up::start(options).await?;
-            let shutdown = shutdown_signal();
+            let shutdown = apron_common::serve::shutdown_signal();
             print_up(&up);
             up.run(shutdown).await?;
             Ok(())
@@ -768,31 +768,4 @@ fn machine_hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".to_owned())
-}
-
-/// The shutdown future. The SIGTERM handler is registered here, at once — not when the
-/// future is first polled — so a SIGTERM that arrives right after the server announced
-/// itself is a clean shutdown, never the default action (death by signal).
-fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    async move {
-        let ctrl_c = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        let term = async move {
-            match term {
-                Some(mut s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let term = std::future::pending::<()>();
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term => {},
-        }
-        tracing::info!("shutdown signal received");
-    }
 }
