@@ -160,6 +160,7 @@ class Checker:
         self.root = root
         self.failures = []
         self._anchors = {}
+        self._ignored = {}
 
     def fail(self, path, line, what):
         self.failures.append((os.path.relpath(path, self.root), line, what))
@@ -200,6 +201,13 @@ class Checker:
                 where = f"{target}#{anchor}" if target else f"#{anchor}"
                 self.fail(md, line, f"broken anchor: {where} (no such heading)")
 
+    def ignored(self, path):
+        """Whether git ignores `path` (a build output), outside a git checkout never."""
+        if path not in self._ignored:
+            r = subprocess.run(["git", "-C", self.root, "check-ignore", "-q", path], capture_output=True)
+            self._ignored[path] = r.returncode == 0
+        return self._ignored[path]
+
     def check_code_path(self, md, line, path):
         """A path in inline code may be relative to the file or to the repository root."""
         starts = (os.path.dirname(md), self.root)
@@ -210,8 +218,12 @@ class Checker:
         rel = path[2:] if path.startswith("./") else path
         first = rel.split("/")[0]
         # Only a path whose first directory exists in the repository is a claim about it
-        # (`apron-data/endpoints.json` is a runtime path).
-        claims = [s for s in starts if os.path.isdir(os.path.join(s, first))]
+        # (`apron-data/endpoints.json` is a runtime path), and not one under a directory
+        # git ignores (`target/ship/bin`: build outputs, present or not by when the
+        # check runs).
+        claims = [
+            s for s in starts if os.path.isdir(os.path.join(s, first)) and not self.ignored(os.path.join(s, first))
+        ]
         if claims and not any(os.path.exists(os.path.join(s, rel)) for s in claims):
             self.fail(md, line, f"no such path: {path}")
 
