@@ -490,23 +490,26 @@ impl Schedule {
     /// data now (frozen by [`Schedule::deliver`] at the first delivery that succeeds);
     /// its JSON (for the summary), every file, and whether they are the frozen copy.
     async fn files(&self, week: IsoWeek, now_us: i64) -> Result<(serde_json::Value, Files, bool), String> {
+        const FORMATS: [ReportFormat; 4] =
+            [ReportFormat::Json, ReportFormat::Html, ReportFormat::Xlsx, ReportFormat::Csv];
+        // The frozen copy when there is one; else the week built once and rendered in
+        // every format (not built again per format).
+        let stored: Option<Vec<_>> =
+            FORMATS.iter().map(|&f| report::load_stored(&self.data_dir, week, f).map(|r| (f, r))).collect();
+        let frozen = stored.is_some();
+        let rendered = match stored {
+            Some(files) => files,
+            None => {
+                let share = self.config.share_unallocated;
+                let scope = apron_query::Scope::All;
+                let built = report::build(&self.engine, self.book.as_ref(), week, share, now_us, &scope).await?;
+                FORMATS.iter().map(|&f| report::render(&built, f).map(|r| (f, r))).collect::<Result<_, _>>()?
+            }
+        };
         let mut summary = serde_json::Value::Null;
         let mut files = Files::new();
-        let mut frozen = true;
-        for format in [ReportFormat::Json, ReportFormat::Html, ReportFormat::Xlsx, ReportFormat::Csv] {
-            let produced = report::produce(
-                &self.engine,
-                self.book.as_ref(),
-                &self.data_dir,
-                week,
-                format,
-                report::Freeze::View,
-                self.config.share_unallocated,
-                now_us,
-            )
-            .await?;
-            frozen &= produced.frozen;
-            for (name, bytes) in produced.files {
+        for (format, named) in rendered {
+            for (name, bytes) in named {
                 if format == ReportFormat::Json {
                     summary = serde_json::from_slice(&bytes).map_err(|e| format!("{name}: {e}"))?;
                 }
