@@ -19,6 +19,12 @@ pub struct StoreConfig {
     pub persist_interval: Duration,
     /// … or as soon as the memtable holds this many Arrow bytes.
     pub persist_max_bytes: u64,
+    /// The memory budget of rows not yet persisted (the active memtable, the one being
+    /// persisted, and batches between their WAL append and their insert). Ingest that
+    /// would pass it is refused with 503 and `Retry-After` until a persist frees room;
+    /// agents keep such batches in their spool, so nothing is lost. At least twice
+    /// `persist_max_bytes`, so ingest goes on while a full memtable persists.
+    pub memtable_max_bytes: u64,
     /// Requests with more rows are refused (413).
     pub max_rows_per_batch: usize,
     /// Requests whose Arrow buffers would decode (decompress) to more bytes are
@@ -63,7 +69,8 @@ impl Default for StoreConfig {
             data_dir: PathBuf::from("apron-data"),
             wal_segment_bytes: 64 << 20,
             persist_interval: Duration::from_secs(600),
-            persist_max_bytes: 256 << 20,
+            persist_max_bytes: 128 << 20,
+            memtable_max_bytes: 512 << 20,
             max_rows_per_batch: 100_000,
             max_batch_bytes: 512 << 20,
             dedup_retention: Duration::from_secs(7 * 86_400),
@@ -77,6 +84,20 @@ impl Default for StoreConfig {
             retention_derived: Duration::from_secs(400 * 86_400),
             object_store: None,
         }
+    }
+}
+
+impl StoreConfig {
+    /// Checks what serde cannot: limits that only make sense together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.memtable_max_bytes < self.persist_max_bytes.saturating_mul(2) {
+            return Err(format!(
+                "[storage] memtable_max_bytes ({}) must be at least twice persist_max_bytes ({}): ingest would \
+                 stall whenever a full memtable is being persisted",
+                self.memtable_max_bytes, self.persist_max_bytes
+            ));
+        }
+        Ok(())
     }
 }
 

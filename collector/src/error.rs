@@ -35,6 +35,13 @@ pub enum IngestError {
     /// should retry (the answer then is "duplicate" or a fresh attempt). HTTP 503.
     #[error("a copy of this batch is being stored right now; retry")]
     InFlight,
+    /// Rows not yet persisted would pass `memtable_max_bytes`; the client should retry
+    /// after a persist has freed room. HTTP 503 with `Retry-After`.
+    #[error(
+        "the server holds {held} bytes of rows not yet persisted and this batch adds {incoming}; \
+         over the budget of {budget} bytes ([storage] memtable_max_bytes); retry shortly"
+    )]
+    Backpressure { held: u64, incoming: u64, budget: u64 },
     /// The disk is full: the WAL append failed, nothing was acknowledged. HTTP 507.
     #[error("storage full: {0}")]
     StorageFull(WalError),
@@ -50,7 +57,7 @@ impl IngestError {
             IngestError::BadRequest(_) | IngestError::Malformed(_) => 400,
             IngestError::TooManyRows { .. } | IngestError::TooLarge { .. } => 413,
             IngestError::WrongSchema(_) | IngestError::Unrepresentable(_) => 422,
-            IngestError::InFlight | IngestError::Storage(_) => 503,
+            IngestError::InFlight | IngestError::Backpressure { .. } | IngestError::Storage(_) => 503,
             IngestError::StorageFull(_) => 507,
         }
     }
@@ -65,6 +72,7 @@ impl IngestError {
             IngestError::TooManyRows { .. } => "too_many_rows",
             IngestError::TooLarge { .. } => "too_large",
             IngestError::InFlight => "in_flight",
+            IngestError::Backpressure { .. } => "memtable_full",
             IngestError::StorageFull(_) => "storage_full",
             IngestError::Storage(_) => "storage_unavailable",
         }
@@ -113,6 +121,8 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("configuration: {0}")]
+    Config(String),
     #[error("data directory {0} is in use by another process")]
     Locked(PathBuf),
     #[error(transparent)]

@@ -285,6 +285,9 @@ impl ApiError {
             StatusCode::TOO_MANY_REQUESTS => Some(1),
             StatusCode::SERVICE_UNAVAILABLE => Some(match self {
                 ApiError::Ingest(IngestError::InFlight) => 1,
+                // A persist of the frozen memtable takes about a second at the
+                // default budget; two lets it finish without a thundering herd.
+                ApiError::Ingest(IngestError::Backpressure { .. }) => 2,
                 _ => 5,
             }),
             _ => None,
@@ -855,6 +858,8 @@ mod tests {
         assert_eq!(s(ApiError::BodyTooLarge { limit: 1 }), (413, None));
         assert_eq!(s(ApiError::Overloaded(1)), (429, Some(1)));
         assert_eq!(s(ApiError::Ingest(IngestError::InFlight)), (503, Some(1)));
+        let full = IngestError::Backpressure { held: 2, incoming: 1, budget: 2 };
+        assert_eq!(s(ApiError::Ingest(full)), (503, Some(2)));
         assert_eq!(s(ApiError::Ingest(IngestError::WrongSchema("x".into()))), (422, None));
         assert_eq!(s(ApiError::Ingest(IngestError::Malformed("x".into()))), (400, None));
     }

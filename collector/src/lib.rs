@@ -63,5 +63,6 @@ pub use memtable::TableStats;
 pub use persist::PersistedFile;
 pub use storage::{ObjectStoreConfig, Storage, StorageError};
 pub use store::{
-    Compacted, IngestOutcome, IngestRequest, MaintenanceReport, OpenReport, PersistReport, Store, TableView,
+    Compacted, INGEST_PATIENCE, IngestOutcome, IngestRequest, MaintenanceReport, OpenReport, PersistReport, Store,
+    TableView,
 };

@@ -28,7 +28,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Int64Type, TimestampMicrosecondType};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
-use arrow_schema::{ArrowError, DataType, Schema};
+use arrow_schema::{ArrowError, DataType};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
@@ -185,8 +185,13 @@ fn time_column(b: &RecordBatch, table: Table) -> Result<&arrow_array::TimestampM
         .ok_or_else(|| ArrowError::SchemaError(format!("no Timestamp(µs) column \"{name}\"")))
 }
 
-/// Writes `batches` of `table` as one temp file per UTC day. Nothing is visible until
-/// [`publish`]; on error, the temp files written so far are removed.
+/// Writes `batches` of `table` as one temp file per UTC day, rows sorted by
+/// (`gpu_uuid`, time). Nothing is visible until [`publish`]; on error, the temp files
+/// written so far are removed.
+///
+/// Memory: only the sort keys are copied whole; rows are gathered from `batches` one
+/// row group at a time, so a persist adds about one row group to what the memtable
+/// already holds (not two copies of it, as a concat-then-sort would).
 pub fn stage_table(
     data_dir: &Path,
     table: Table,
@@ -195,8 +200,12 @@ pub fn stage_table(
 ) -> Result<Vec<StagedFile>, PersistError> {
     let mut staged: Vec<StagedFile> = Vec::new();
     let result = (|| {
-        for (day, batch) in sort_by_day(table, batches)? {
-            staged.push(stage_partition(data_dir, table, &date_string(day), &batch, options)?);
+        let order = SortedRows::of(table, batches)?;
+        let sources: Vec<&RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).collect();
+        for (day, rows) in order.days() {
+            let chunks = rows.chunks(options.row_group_rows.max(1));
+            let parts = chunks.map(|chunk| arrow_select::interleave::interleave_record_batch(&sources, chunk));
+            staged.push(stage_rows(data_dir, table, &date_string(day), parts, options)?);
         }
         Ok(())
     })();
@@ -209,6 +218,56 @@ pub fn stage_table(
     Ok(staged)
 }
 
+/// The persist order of a set of batches: (batch, row) positions sorted by (UTC day,
+/// `gpu_uuid`, time). Positions count only the non-empty batches, in order.
+struct SortedRows {
+    positions: Vec<(usize, usize)>,
+    days: Vec<i64>,
+}
+
+impl SortedRows {
+    fn of(table: Table, batches: &[RecordBatch]) -> Result<SortedRows, PersistError> {
+        let batches: Vec<&RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).collect();
+        let mut origin = Vec::new();
+        for (i, b) in batches.iter().enumerate() {
+            origin.extend((0..b.num_rows()).map(|r| (i, r)));
+        }
+        if origin.is_empty() {
+            return Ok(SortedRows { positions: Vec::new(), days: Vec::new() });
+        }
+        let column = |name: &str| -> Result<ArrayRef, PersistError> {
+            let parts = batches
+                .iter()
+                .map(|b| {
+                    b.column_by_name(name)
+                        .map(|c| c.as_ref())
+                        .ok_or_else(|| ArrowError::SchemaError(format!("no column \"{name}\"")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(arrow_select::concat::concat(&parts)?)
+        };
+        let time = column(table.time_column())?;
+        let time_values = time
+            .as_primitive_opt::<TimestampMicrosecondType>()
+            .ok_or_else(|| ArrowError::SchemaError(format!("no Timestamp(µs) column \"{}\"", table.time_column())))?;
+        let day_values = time_values.unary::<_, Int64Type>(|t| t.div_euclid(MICROS_PER_DAY));
+        let keys = [Arc::new(day_values.clone()) as ArrayRef, column("gpu_uuid")?, time];
+        let sorted = lexsort_to_indices(&keys.map(|values| SortColumn { values, options: None }), None)?;
+        let positions = sorted.values().iter().map(|&i| origin[i as usize]).collect();
+        let days = sorted.values().iter().map(|&i| day_values.value(i as usize)).collect();
+        Ok(SortedRows { positions, days })
+    }
+
+    /// Each day (days since the epoch) and its positions, in order.
+    fn days(&self) -> impl Iterator<Item = (i64, &[(usize, usize)])> {
+        self.days.chunk_by(|a, b| a == b).scan(0, |start, run| {
+            let from = *start;
+            *start += run.len();
+            Some((run[0], &self.positions[from..*start]))
+        })
+    }
+}
+
 /// Writes one temp file into the `date=` partition of `table` from `batch`, which must
 /// be sorted and all in that day (zero rows is allowed: an empty file).
 pub fn stage_partition(
@@ -218,38 +277,51 @@ pub fn stage_partition(
     batch: &RecordBatch,
     options: &PersistOptions,
 ) -> Result<StagedFile, PersistError> {
+    stage_rows(data_dir, table, date, std::iter::once(Ok(batch.clone())), options)
+}
+
+/// Writes `parts` (sorted, all in `date`, produced one at a time) as one temp file in
+/// the partition; the temp file is removed on error.
+fn stage_rows(
+    data_dir: &Path,
+    table: Table,
+    date: &str,
+    parts: impl Iterator<Item = Result<RecordBatch, ArrowError>>,
+    options: &PersistOptions,
+) -> Result<StagedFile, PersistError> {
     let props = writer_properties(table, options)?;
     let dir = table_dir(data_dir, table).join(format!("date={date}"));
     fsutil::create_dir_durable(&dir).map_err(|e| PersistError::io("create directory", &dir, e))?;
     let id = uuid::Uuid::now_v7();
     let tmp = dir.join(format!(".{id}.parquet.tmp"));
     let path = dir.join(format!("{id}.parquet"));
-    let bytes = write_file(&tmp, &storage_schema(table), batch, props)?;
-    Ok(StagedFile { tmp, rows: batch.num_rows(), file: PersistedFile { table, date: date.to_owned(), path, bytes } })
-}
-
-fn write_file(
-    tmp: &Path,
-    schema: &Arc<Schema>,
-    batch: &RecordBatch,
-    props: WriterProperties,
-) -> Result<u64, PersistError> {
+    let schema = storage_schema(table);
     let result = (|| {
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(tmp)
-            .map_err(|e| PersistError::io("create", tmp, e))?;
+            .open(&tmp)
+            .map_err(|e| PersistError::io("create", &tmp, e))?;
         let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        w.write(batch)?;
+        let mut rows = 0;
+        for part in parts {
+            let part = part?;
+            rows += part.num_rows();
+            w.write(&part)?;
+        }
         let file = w.into_inner()?;
-        file.sync_all().map_err(|e| PersistError::io("fsync", tmp, e))?;
-        Ok(file.metadata().map_err(|e| PersistError::io("stat", tmp, e))?.len())
+        file.sync_all().map_err(|e| PersistError::io("fsync", &tmp, e))?;
+        Ok((rows, file.metadata().map_err(|e| PersistError::io("stat", &tmp, e))?.len()))
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(tmp);
+    match result {
+        Ok((rows, bytes)) => {
+            Ok(StagedFile { tmp, rows, file: PersistedFile { table, date: date.to_owned(), path, bytes } })
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    result
 }
 
 /// Renames temp files to their final names and fsyncs their directories. Idempotent:

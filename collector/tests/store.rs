@@ -587,3 +587,98 @@ fn tmpfs_disk_full_then_recovery() {
     let store = Store::open(cfg).expect("reopen");
     assert_eq!(rows(&store, Table::GpuSamples), expected(acked.iter().copied()));
 }
+
+/// Senders faster than persist, as agents after an outage: the memtable budget holds
+/// (ingest answers 503 `memtable_full` until a persist frees room), every batch the
+/// senders retry is stored once, and none is lost.
+#[test]
+fn a_flood_faster_than_persist_is_held_to_the_memtable_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let budget: u64 = 256 << 10;
+    let store = Arc::new(
+        Store::open(StoreConfig {
+            persist_max_bytes: budget / 4,
+            memtable_max_bytes: budget,
+            // Persist only when asked by the size trigger (the background thread).
+            persist_interval: Duration::from_secs(3600),
+            ..config(dir.path())
+        })
+        .expect("open"),
+    );
+    let largest = (0..1).map(|n| samples(n, 0.5).len()).max().unwrap_or(0);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(store.held_bytes());
+                std::thread::yield_now();
+            }
+            peak
+        })
+    };
+    const SENDERS: i64 = 8;
+    const BATCHES: i64 = 60;
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|w| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut refused = 0;
+                for i in 0..BATCHES {
+                    let body = samples(w * 1000 + i, 0.4);
+                    loop {
+                        match ingest(&store, &format!("agent-{w}"), i as u64, &body) {
+                            Ok(out) => {
+                                assert!(!out.duplicate);
+                                break;
+                            }
+                            Err(e @ IngestError::Backpressure { .. }) => {
+                                assert_eq!((e.status(), e.code()), (503, "memtable_full"));
+                                refused += 1;
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                            Err(e) => panic!("ingest: {e}"),
+                        }
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let refused: usize = senders.into_iter().map(|t| t.join().expect("sender")).sum();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = watcher.join().expect("watcher");
+    assert!(refused > 0, "the senders outran persist at least once");
+    // Decoded, a batch is smaller than its IPC body; one batch past the budget at most
+    // (the one an empty store takes whatever its size).
+    assert!(peak as u64 <= budget + largest as u64, "peak {peak} bytes over the budget {budget}");
+    store.persist_now().expect("persist");
+    assert!(store.persisted_files(Table::GpuSamples).len() > 2, "persisted several times under pressure");
+    let all = (0..SENDERS).flat_map(|w| (0..BATCHES).map(move |i| w * 1000 + i));
+    assert_eq!(rows(&store, Table::GpuSamples), expected(all));
+}
+
+#[test]
+fn ingest_waiting_rides_out_back_pressure_and_a_bad_budget_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err =
+        Store::open(StoreConfig { persist_max_bytes: 1 << 20, memtable_max_bytes: 1 << 20, ..config(dir.path()) })
+            .expect_err("budget under twice the persist trigger");
+    assert!(err.to_string().contains("memtable_max_bytes"), "{err}");
+    let store = Store::open(StoreConfig {
+        persist_max_bytes: 16 << 10,
+        memtable_max_bytes: 32 << 10,
+        persist_interval: Duration::from_secs(3600),
+        ..config(dir.path())
+    })
+    .expect("open");
+    for n in 0..200 {
+        let body = samples(n, 0.3);
+        let req =
+            IngestRequest { table: Table::GpuSamples, agent: "import", epoch: EPOCH, sequence: n as u64, body: &body };
+        store.ingest_waiting(req, Duration::from_secs(60)).expect("waits for room, never refused");
+    }
+    assert_eq!(rows(&store, Table::GpuSamples), expected(0..200));
+    assert!(store.persisted_files(Table::GpuSamples).len() > 1);
+}

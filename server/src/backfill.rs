@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use apron_agent::attribution::{AttributionConfig, Attributor};
 use apron_agent::source::sim::SimSource;
-use apron_collector::{IngestRequest, Store};
+use apron_collector::{INGEST_PATIENCE, IngestRequest, Store};
 use apron_common::UnixMicros;
 use apron_common::wire::{Table, encode_ipc, processes_to_batch, windows_to_batch};
 
@@ -54,7 +54,7 @@ pub fn run(
     let mut send = |table: Table, body: Vec<u8>| -> Result<(), BackfillError> {
         sequence += 1;
         store
-            .ingest(IngestRequest { table, agent, epoch: &epoch, sequence, body: &body })
+            .ingest_waiting(IngestRequest { table, agent, epoch: &epoch, sequence, body: &body }, INGEST_PATIENCE)
             .map_err(|e| BackfillError::Ingest(e.to_string()))?;
         Ok(())
     };

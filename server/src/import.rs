@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use apron_collector::{IngestRequest, Store, Table};
+use apron_collector::{INGEST_PATIENCE, IngestRequest, Store, Table};
 use apron_common::GpuWindow;
 use apron_common::wire::{encode_ipc, windows_to_batch};
 use apron_import::{ImportOptions, ImportOutcome, Importer};
@@ -133,7 +133,8 @@ pub(crate) async fn store_windows(
     let (store, agent, epoch) = (store.clone(), agent.to_owned(), epoch.to_owned());
     let n = keep.len();
     let outcome = tokio::task::spawn_blocking(move || {
-        store.ingest(IngestRequest { table: Table::GpuSamples, agent: &agent, epoch: &epoch, sequence, body: &body })
+        let req = IngestRequest { table: Table::GpuSamples, agent: &agent, epoch: &epoch, sequence, body: &body };
+        store.ingest_waiting(req, INGEST_PATIENCE)
     })
     .await
     .map_err(|e| e.to_string())?

@@ -108,6 +108,8 @@ impl Inner {
             }
             st.frozen = None;
         }
+        // Room in the memtable budget: wake ingest that waits for it.
+        self.wake.notify_all();
         report.rows += staged.iter().map(|s| s.rows).sum::<usize>();
         report.files.extend(published);
         // From here on, failures are harmless: the checkpoint already marks these

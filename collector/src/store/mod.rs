@@ -92,6 +92,15 @@ struct State {
     /// The memtable being persisted (still queryable until its files are visible).
     frozen: Option<Arc<flush::Frozen>>,
     files: HashMap<Table, Vec<PersistedFile>>,
+    /// Bytes of accepted batches between their budget check and their memtable insert.
+    reserved: usize,
+}
+
+impl State {
+    /// What the memtable budget counts: rows not yet persisted, in memory or on the way.
+    fn held_bytes(&self) -> usize {
+        self.active.bytes() + self.frozen.as_ref().map_or(0, |f| f.memtable.bytes()) + self.reserved
+    }
 }
 
 #[derive(Default)]
@@ -116,6 +125,11 @@ struct Inner {
     wake: Condvar,
     _lock: lock::DirLock,
 }
+
+/// How long an in-process sender ([`Store::ingest_waiting`]) waits out back-pressure
+/// before it gives up: a persist at the default budget takes seconds, so a minute means
+/// the disk or the persister is stuck, and the caller should say so.
+pub const INGEST_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The collector's storage: WAL → memtable → Parquet.
 pub struct Store {
@@ -150,6 +164,7 @@ impl Store {
 
     /// [`Store::open`] with a custom WAL file seam (fault injection in tests).
     pub fn open_with_io(config: StoreConfig, io: Arc<dyn WalIo>) -> Result<Store, StoreError> {
+        config.validate().map_err(StoreError::Config)?;
         let data = config.data_dir.clone();
         crate::fsutil::create_dir_durable(&data).map_err(|source| StoreError::Io {
             op: "create data directory",
@@ -220,7 +235,7 @@ impl Store {
             storage,
             wal,
             gate: RwLock::new(()),
-            state: Mutex::new(State { active, frozen: None, files }),
+            state: Mutex::new(State { active, frozen: None, files, reserved: 0 }),
             dedup: Mutex::new(dedup),
             persist_lock: Mutex::new(()),
             maintain_lock: Mutex::new(()),
@@ -249,6 +264,33 @@ impl Store {
     /// Returns only after the fsync; a duplicate is acknowledged without writing.
     pub fn ingest(&self, req: IngestRequest<'_>) -> Result<IngestOutcome, IngestError> {
         self.inner.ingest(req)
+    }
+
+    /// [`Store::ingest`] for callers inside the server (import, backfill, remote write)
+    /// that would rather wait than answer 503: a batch refused for the memtable budget
+    /// is retried as persists free room, for up to `patience`.
+    pub fn ingest_waiting(
+        &self,
+        req: IngestRequest<'_>,
+        patience: std::time::Duration,
+    ) -> Result<IngestOutcome, IngestError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match self.inner.ingest(req) {
+                Err(IngestError::Backpressure { .. }) if std::time::Instant::now() < deadline => {
+                    let sig = lock(&self.inner.signal);
+                    // Woken when a persist publishes; the timeout covers a wake-up missed
+                    // between the refusal and this wait.
+                    let _ = self.inner.wake.wait_timeout(sig, std::time::Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Bytes the memtable budget counts now (rows not yet persisted).
+    pub fn held_bytes(&self) -> usize {
+        lock(&self.inner.state).held_bytes()
     }
 
     /// Persists everything in memory now (and a frozen memtable a failed attempt left).
@@ -365,6 +407,26 @@ impl Inner {
             Reservation::InFlight => return Err(IngestError::InFlight),
             Reservation::New => {}
         }
+        let incoming: usize = batches.iter().map(crate::memtable::allocated_bytes).sum();
+        {
+            let mut st = lock(&self.state);
+            let held = st.held_bytes();
+            let budget = usize::try_from(self.config.memtable_max_bytes).unwrap_or(usize::MAX);
+            // An empty store takes any one batch, so a batch larger than the budget is
+            // never refused forever (its size is bounded by max_batch_bytes).
+            if held > 0 && held.saturating_add(incoming) > budget {
+                drop(st);
+                lock(&self.dedup).release(req.agent, req.epoch, req.sequence);
+                lock(&self.signal).kick = true;
+                self.wake.notify_all();
+                return Err(IngestError::Backpressure {
+                    held: held as u64,
+                    incoming: incoming as u64,
+                    budget: budget as u64,
+                });
+            }
+            st.reserved += incoming;
+        }
         let record = WalRecord {
             table: req.table.name(),
             agent: req.agent,
@@ -376,10 +438,12 @@ impl Inner {
         let over = {
             let _shared = self.gate.read().unwrap_or_else(PoisonError::into_inner);
             if let Err(e) = self.wal.append(&record) {
+                lock(&self.state).reserved -= incoming;
                 lock(&self.dedup).release(req.agent, req.epoch, req.sequence);
                 return Err(IngestError::from_wal(e));
             }
             let mut st = lock(&self.state);
+            st.reserved -= incoming;
             apply(&mut st.active, &mut lock(&self.dedup), req.table, &record, batches);
             st.active.bytes() as u64 > self.config.persist_max_bytes
         };
