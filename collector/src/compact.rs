@@ -29,7 +29,6 @@ use std::path::{Path, PathBuf};
 use apron_common::wire::Table;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, BooleanArray, RecordBatch, StringArray};
-use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
@@ -39,7 +38,9 @@ use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{self, MICROS_PER_DAY};
-use crate::persist::{PersistError, PersistOptions, PersistedFile, StagedFile, table_dir, writer_properties};
+use crate::persist::{
+    PersistError, PersistOptions, PersistedFile, SortedRows, StagedFile, table_dir, writer_properties,
+};
 use crate::schema::storage_schema;
 use crate::storage::Storage;
 
@@ -119,6 +120,33 @@ fn string_column(batch: &RecordBatch, i: usize) -> Result<&StringArray, PersistE
     batch.column(i).as_string_opt::<i32>().ok_or_else(|| {
         PersistError::Arrow(arrow_schema::ArrowError::SchemaError("gpu_uuid is not a Utf8 column".into()))
     })
+}
+
+/// Bytes a decoded string value is assumed to take (UUIDs, host and model names are
+/// 10–40 bytes; the margin covers longer ones and per-batch buffer slack).
+const STRING_VALUE_BYTES: usize = 64;
+
+/// Decoded Arrow bytes of one row of `table`'s storage schema: fixed widths exactly,
+/// strings at [`STRING_VALUE_BYTES`] plus their offset, a validity bit rounded up to a
+/// byte. Dictionary columns count their keys (values are shared).
+pub fn row_bytes(table: Table) -> usize {
+    storage_schema(table)
+        .fields()
+        .iter()
+        .map(|f| {
+            let value = match f.data_type() {
+                arrow_schema::DataType::Dictionary(key, _) => key.primitive_width().unwrap_or(8),
+                arrow_schema::DataType::Boolean => 1,
+                t => t.primitive_width().unwrap_or(4 + STRING_VALUE_BYTES),
+            };
+            value + usize::from(f.is_nullable())
+        })
+        .sum()
+}
+
+/// Rows of `table` a merge may hold for a budget of `bytes` (at least one).
+pub fn rows_within(table: Table, bytes: usize) -> usize {
+    (bytes / row_bytes(table).max(1)).max(1)
 }
 
 /// Contiguous ranges `[lo, hi]` of GPU UUIDs, each with at most `max_rows` rows (a single
@@ -215,14 +243,17 @@ pub fn merge(
             for bytes in &inputs {
                 parts.extend(read_range(bytes, &lo, &hi)?);
             }
-            let all = arrow_select::concat::concat_batches(&schema, &parts)?;
-            drop(parts);
-            let keys = ["gpu_uuid", plan.table.time_column()]
-                .map(|c| schema.index_of(c).map(|i| SortColumn { values: all.column(i).clone(), options: None }));
-            let keys = keys.into_iter().collect::<Result<Vec<_>, _>>()?;
-            let sorted = arrow_select::take::take_record_batch(&all, &lexsort_to_indices(&keys, None)?)?;
-            rows += sorted.num_rows();
-            w.write(&sorted)?;
+            // Sorted by (day, gpu_uuid, time): one day here, so (gpu_uuid, time). Only
+            // the keys are sorted; rows are gathered one row group at a time.
+            let order = SortedRows::of(plan.table, &parts)?;
+            let sources = SortedRows::sources(&parts);
+            for (_, positions) in order.days() {
+                for group in SortedRows::gather(&sources, positions, options.row_group_rows) {
+                    let group = group?;
+                    rows += group.num_rows();
+                    w.write(&group)?;
+                }
+            }
         }
         let file = w.into_inner()?;
         file.sync_all().map_err(io_err("fsync", &tmp))?;

@@ -47,6 +47,9 @@ pub struct StoreConfig {
     pub compaction_max_files: usize,
     /// Rows a merge holds in memory at once (it works through GPU ranges of this size).
     pub compaction_memory_rows: usize,
+    /// Decoded bytes a merge holds in memory at once (estimated from the storage
+    /// schema's row width); the smaller of this and `compaction_memory_rows` wins.
+    pub compaction_memory_bytes: usize,
     /// Merged inputs stay on disk (hidden from listings) this long, so queries planned
     /// before the merge can still read them.
     #[serde(deserialize_with = "humantime_duration")]
@@ -79,6 +82,7 @@ impl Default for StoreConfig {
             compaction_delay: Duration::from_secs(3600),
             compaction_max_files: 48,
             compaction_memory_rows: 2_000_000,
+            compaction_memory_bytes: 128 << 20,
             superseded_grace: Duration::from_secs(300),
             retention_raw: Duration::from_secs(30 * 86_400),
             retention_derived: Duration::from_secs(400 * 86_400),
@@ -90,6 +94,9 @@ impl Default for StoreConfig {
 impl StoreConfig {
     /// Checks what serde cannot: limits that only make sense together.
     pub fn validate(&self) -> Result<(), String> {
+        if self.compaction_memory_bytes == 0 || self.compaction_memory_rows == 0 {
+            return Err("[storage] compaction_memory_bytes and compaction_memory_rows must be positive".into());
+        }
         if self.memtable_max_bytes < self.persist_max_bytes.saturating_mul(2) {
             return Err(format!(
                 "[storage] memtable_max_bytes ({}) must be at least twice persist_max_bytes ({}): ingest would \

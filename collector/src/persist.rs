@@ -201,10 +201,9 @@ pub fn stage_table(
     let mut staged: Vec<StagedFile> = Vec::new();
     let result = (|| {
         let order = SortedRows::of(table, batches)?;
-        let sources: Vec<&RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).collect();
+        let sources = SortedRows::sources(batches);
         for (day, rows) in order.days() {
-            let chunks = rows.chunks(options.row_group_rows.max(1));
-            let parts = chunks.map(|chunk| arrow_select::interleave::interleave_record_batch(&sources, chunk));
+            let parts = SortedRows::gather(&sources, rows, options.row_group_rows);
             staged.push(stage_rows(data_dir, table, &date_string(day), parts, options)?);
         }
         Ok(())
@@ -220,14 +219,14 @@ pub fn stage_table(
 
 /// The persist order of a set of batches: (batch, row) positions sorted by (UTC day,
 /// `gpu_uuid`, time). Positions count only the non-empty batches, in order.
-struct SortedRows {
+pub(crate) struct SortedRows {
     positions: Vec<(usize, usize)>,
     days: Vec<i64>,
 }
 
 impl SortedRows {
-    fn of(table: Table, batches: &[RecordBatch]) -> Result<SortedRows, PersistError> {
-        let batches: Vec<&RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).collect();
+    pub(crate) fn of(table: Table, batches: &[RecordBatch]) -> Result<SortedRows, PersistError> {
+        let batches = SortedRows::sources(batches);
         let mut origin = Vec::new();
         for (i, b) in batches.iter().enumerate() {
             origin.extend((0..b.num_rows()).map(|r| (i, r)));
@@ -258,8 +257,23 @@ impl SortedRows {
         Ok(SortedRows { positions, days })
     }
 
+    /// The batches positions point into: the non-empty ones, in order.
+    pub(crate) fn sources(batches: &[RecordBatch]) -> Vec<&RecordBatch> {
+        batches.iter().filter(|b| b.num_rows() > 0).collect()
+    }
+
+    /// The rows at `positions` of `sources`, gathered `group` rows at a time: the only
+    /// copy of the data a sorted write makes is one row group.
+    pub(crate) fn gather<'a>(
+        sources: &'a [&'a RecordBatch],
+        positions: &'a [(usize, usize)],
+        group: usize,
+    ) -> impl Iterator<Item = Result<RecordBatch, ArrowError>> + 'a {
+        positions.chunks(group.max(1)).map(|chunk| arrow_select::interleave::interleave_record_batch(sources, chunk))
+    }
+
     /// Each day (days since the epoch) and its positions, in order.
-    fn days(&self) -> impl Iterator<Item = (i64, &[(usize, usize)])> {
+    pub(crate) fn days(&self) -> impl Iterator<Item = (i64, &[(usize, usize)])> {
         self.days.chunk_by(|a, b| a == b).scan(0, |start, run| {
             let from = *start;
             *start += run.len();

@@ -151,3 +151,20 @@ fn gpu_ranges_respect_the_row_budget() {
     assert_eq!(r, vec![("a".into(), "b".into()), ("c".into(), "c".into()), ("d".into(), "d".into())]);
     assert!(gpu_ranges(&BTreeMap::new(), 10).is_empty());
 }
+
+#[test]
+fn the_byte_budget_bounds_what_a_decoded_range_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    persist_one(dir.path(), 12, 0, 100, 64);
+    let files = list_files(dir.path(), Table::GpuSamples).expect("list");
+    let decoded = read_all(&files[0].path);
+    let measured = crate::memtable::allocated_bytes(&decoded);
+    let per_row = row_bytes(Table::GpuSamples);
+    assert!(
+        measured <= per_row * decoded.num_rows(),
+        "the estimate ({per_row} B/row) must cover what decoding holds ({measured} B for {} rows)",
+        decoded.num_rows()
+    );
+    assert_eq!(rows_within(Table::GpuSamples, per_row * 1000 + per_row - 1), 1000);
+    assert_eq!(rows_within(Table::GpuSamples, 0), 1, "a merge always makes progress");
+}

@@ -102,6 +102,11 @@ impl Inner {
         }
     }
 
+    /// Rows one step of a merge may decode: the smaller of the two budgets.
+    fn merge_rows(&self, table: Table) -> usize {
+        compact::rows_within(table, self.config.compaction_memory_bytes).min(self.config.compaction_memory_rows)
+    }
+
     fn compact(&self, now_us: i64, now: Instant, report: &mut MaintenanceReport) {
         let policy = Policy {
             delay_us: i64::try_from(self.config.compaction_delay.as_micros()).unwrap_or(i64::MAX),
@@ -116,7 +121,7 @@ impl Inner {
                     continue; // the last merge's inputs are still in their grace
                 }
                 let started = Instant::now();
-                let result = compact::merge(&self.storage, &plan, &options, self.config.compaction_memory_rows)
+                let result = compact::merge(&self.storage, &plan, &options, self.merge_rows(plan.table))
                     .and_then(|staged| compact::commit(&self.storage, &plan, &staged).map(|_| staged));
                 let staged = match result {
                     Ok(s) => s,
