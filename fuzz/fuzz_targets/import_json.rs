@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let mut importer = Importer::new(ImportOptions::default()).expect("default options");
     if importer.add(data, Some(Format::PrometheusJson)).is_ok() {
-        let out = importer.finish();
+        let out = importer.finish().expect("finish");
         let skipped: u64 = out.skipped.values().sum();
         assert_eq!(out.samples_read, out.samples_used + skipped, "accounting: {out:?}");
         assert_eq!(out.rows, out.windows.len());

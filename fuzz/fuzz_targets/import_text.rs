@@ -19,12 +19,12 @@ fuzz_target!(|data: &[u8]| {
     for format in [Format::PrometheusText, Format::OpenMetrics] {
         let mut importer = Importer::new(ImportOptions::default()).expect("default options");
         if importer.add(data, Some(format)).is_ok() {
-            check(&importer.finish());
+            check(&importer.finish().expect("finish"));
         }
     }
     let mut importer = Importer::new(ImportOptions::default()).expect("default options");
     // 2023-11-14T22:13:20Z, inside the accepted 2000–2199 range.
     if importer.add_scrape(data, None, UnixMicros(1_700_000_000_000_000)).is_ok() {
-        check(&importer.finish());
+        check(&importer.finish().expect("finish"));
     }
 });

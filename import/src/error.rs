@@ -30,6 +30,13 @@ pub enum ImportError {
     /// An answer without `data.result`.
     #[error("response {response}: no data.resultType/data.result in this object")]
     NoData { response: usize },
+    /// The input could not be read (a file, a pipe).
+    #[error("reading the input: {0}")]
+    Read(String),
+    /// The spill file (history larger than the memory budget) could not be written or
+    /// read back.
+    #[error("{0}")]
+    Spill(String),
     /// Options out of range (see [`ImportOptions`](crate::ImportOptions)).
     #[error("import options: {0}")]
     Options(String),

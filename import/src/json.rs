@@ -243,7 +243,7 @@ mod tests {
     fn run(json: &str) -> Result<crate::ImportOutcome, ImportError> {
         let mut b = Builder::new(ImportOptions::default());
         parse(json.as_bytes(), &mut b)?;
-        Ok(b.finish())
+        b.finish()
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Backfill from dcgm-exporter history: Prometheus/OpenMetrics text with timestamps, or
 //! Prometheus HTTP API JSON, into `gpu_samples` rows ([`GpuWindow`]).
 //!
-//! Pure logic: the caller hands in bytes (a file, an HTTP body) and gets rows back; this
-//! crate does no I/O and no async, so both `apron import FILE…` and an upload route can
-//! use it, and the rows go through the same ingest path as an agent's.
+//! Pure logic: the caller hands in bytes or a reader (a file, an HTTP body) and gets
+//! rows back; this crate opens nothing and does no async, so both `apron import FILE…`
+//! and an upload route can use it, and the rows go through the same ingest path as an
+//! agent's. A history larger than memory spills its samples to a file the caller hands
+//! in ([`Importer::spill_to`]) and is read back one GPU at a time.
 //!
 //! # Parts and data flow
 //!
@@ -289,25 +291,85 @@ impl Importer {
                 }
             }
         };
+        let result =
+            result.and_then(|()| self.builder.take_spill_error().map_or(Ok(()), |e| Err(ImportError::Spill(e))));
         if result.is_err() {
             self.builder.rollback(mark);
         }
         result.map(|()| format)
     }
 
+    /// Reads one input from `reader` in `format` and returns it. Text is parsed a line
+    /// at a time, so memory does not grow with the input's size (only with the
+    /// samples kept: see [`Importer::spill_to`]); JSON is read whole (a Prometheus
+    /// `query_range` answer is bounded by the server's points-per-query limit). On
+    /// error nothing of this input is kept, as with [`Importer::add`].
+    pub fn add_reader(&mut self, mut reader: impl std::io::BufRead, format: Format) -> Result<Format, ImportError> {
+        let read_err = |e: std::io::Error| ImportError::Read(e.to_string());
+        if format == Format::PrometheusJson {
+            let mut all = Vec::new();
+            reader.read_to_end(&mut all).map_err(read_err)?;
+            return self.add(&all, Some(format));
+        }
+        let mark = self.builder.mark();
+        let unit = if format == Format::OpenMetrics { text::Timestamps::Seconds } else { text::Timestamps::Millis };
+        let mut lines = text::Lines::new(unit);
+        let result = (|| {
+            let mut buf = Vec::new();
+            let mut offset = 0usize;
+            loop {
+                buf.clear();
+                if reader.read_until(b'\n', &mut buf).map_err(read_err)? == 0 {
+                    return Ok(());
+                }
+                let mut bytes = buf.as_slice();
+                if lines.number() == 0 {
+                    bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+                }
+                let line = std::str::from_utf8(bytes)
+                    .map_err(|e| ImportError::NotUtf8 { line: lines.number() + 1, offset: offset + e.valid_up_to() })?;
+                offset += bytes.len();
+                lines.line(line.strip_suffix('\n').unwrap_or(line), &mut self.builder)?;
+                if let Some(e) = self.builder.take_spill_error() {
+                    return Err(ImportError::Spill(e));
+                }
+            }
+        })();
+        if result.is_err() {
+            self.builder.rollback(mark);
+        }
+        result.map(|()| format)
+    }
+
+    /// Bounds memory by the number of samples held: past `max_points` (24 bytes each)
+    /// they are written to `file`, an empty file the caller opened for this import (an
+    /// unnamed temporary one, on a disk with room for about 21 bytes per sample), and
+    /// read back one GPU at a time when rows are made. Memory is then `max_points`
+    /// plus one GPU's history, whatever the input's size.
+    pub fn spill_to(&mut self, file: std::fs::File, max_points: usize) {
+        self.builder.spill_to(file, max_points);
+    }
+
+    /// The earliest and latest sample time kept so far: every row's window lies
+    /// inside, so this bounds what a row can overlap before the rows exist.
+    pub fn time_bounds(&self) -> Option<(UnixMicros, UnixMicros)> {
+        self.builder.bounds().map(|(a, b)| (UnixMicros(a), UnixMicros(b)))
+    }
+
     /// The rows of everything added, all in [`ImportOutcome::windows`].
     ///
     /// A [`GpuWindow`] holds a slot for every field (about 1.7 KiB), so a history of
-    /// millions of rows is better taken with [`Importer::finish_in_batches`].
-    pub fn finish(self) -> ImportOutcome {
+    /// millions of rows is better taken with [`Importer::finish_in_batches`]. Fails only
+    /// when spilled samples cannot be read back.
+    pub fn finish(self) -> Result<ImportOutcome, ImportError> {
         self.builder.finish()
     }
 
     /// The rows of everything added, handed to `sink` in order (GPU UUID, then time)
     /// in batches of at most `batch_rows`; the outcome's `windows` is then empty. Memory
     /// stays near one batch plus the samples not yet turned into rows. The first error
-    /// of `sink` stops the import and is returned.
-    pub fn finish_in_batches<E>(
+    /// of `sink` (or a spill that cannot be read back) stops the import and is returned.
+    pub fn finish_in_batches<E: From<ImportError>>(
         self,
         batch_rows: usize,
         sink: impl FnMut(Vec<GpuWindow>) -> Result<(), E>,
@@ -320,7 +382,7 @@ impl Importer {
 pub fn import(input: &[u8], opts: &ImportOptions) -> Result<ImportOutcome, ImportError> {
     let mut importer = Importer::new(opts.clone())?;
     importer.add(input, None)?;
-    Ok(importer.finish())
+    importer.finish()
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ use std::time::Duration;
 use apron_common::{Field, FieldKind, FieldStats, GpuHolder, GpuIdentity, GpuWindow, UnixMicros};
 
 use crate::dcgm::{self, MetricMapping, PodRef};
-use crate::{ImportOptions, ImportOutcome, reason};
+use crate::{ImportError, ImportOptions, ImportOutcome, reason};
 
 /// A resolved series: an index into the builder's entries.
 pub(crate) type SeriesRef = u32;
@@ -80,7 +80,47 @@ struct Point {
 #[derive(Debug)]
 struct Gpu {
     key: String,
+    /// Points in memory, read after those in `spilled`.
     points: Vec<Point>,
+    /// Runs of this GPU's earlier points in the spill file, in input order.
+    spilled: Vec<Segment>,
+}
+
+/// One run of a GPU's points in the spill file.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    offset: u64,
+    count: usize,
+}
+
+/// Where points go when memory is full: a file the caller opened (a temporary one),
+/// written at increasing offsets and read back one GPU at a time by `finish`.
+#[derive(Debug)]
+struct Spill {
+    file: std::fs::File,
+    len: u64,
+    max_points: usize,
+}
+
+/// Bytes of one spilled point: t (i64), v (f64 bits), label (u32), field (u8), LE.
+const POINT_BYTES: usize = 21;
+
+impl Point {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.t.to_le_bytes());
+        out.extend_from_slice(&self.v.to_bits().to_le_bytes());
+        out.extend_from_slice(&self.label.to_le_bytes());
+        out.push(self.field);
+    }
+
+    fn decode(b: &[u8]) -> Option<Point> {
+        Some(Point {
+            t: i64::from_le_bytes(b.get(0..8)?.try_into().ok()?),
+            v: f64::from_bits(u64::from_le_bytes(b.get(8..16)?.try_into().ok()?)),
+            label: u32::from_le_bytes(b.get(16..20)?.try_into().ok()?),
+            field: *b.get(20)?,
+        })
+    }
 }
 
 /// Where a builder was before an input, to undo a failed input.
@@ -90,6 +130,7 @@ pub(crate) struct Mark {
     labels: usize,
     gpus: usize,
     points: Vec<usize>,
+    spilled: Vec<usize>,
     samples_read: u64,
     skipped: BTreeMap<&'static str, u64>,
 }
@@ -106,6 +147,13 @@ pub(crate) struct Builder {
     skipped: BTreeMap<&'static str, u64>,
     /// The time of samples that carry none (a live scrape: the scrape's time).
     pub(crate) default_time: Option<i64>,
+    /// Points held in memory now, over all GPUs.
+    in_memory: usize,
+    spill: Option<Spill>,
+    /// The first failed spill write: the points stay in memory, and the input fails.
+    spill_error: Option<String>,
+    /// The earliest and latest time of a point kept (µs): every row lies inside.
+    bounds: Option<(i64, i64)>,
 }
 
 impl Builder {
@@ -119,7 +167,75 @@ impl Builder {
             samples_read: 0,
             skipped: BTreeMap::new(),
             default_time: None,
+            in_memory: 0,
+            spill: None,
+            spill_error: None,
+            bounds: None,
         }
+    }
+
+    /// From now on, when more than `max_points` points are in memory they are written
+    /// to `file` (an empty file the caller opened, normally an unnamed temporary one).
+    pub(crate) fn spill_to(&mut self, file: std::fs::File, max_points: usize) {
+        self.spill = Some(Spill { file, len: 0, max_points: max_points.max(1) });
+    }
+
+    /// The error of a failed spill, if one failed since the last call.
+    pub(crate) fn take_spill_error(&mut self) -> Option<String> {
+        self.spill_error.take()
+    }
+
+    /// The earliest and latest time (µs) of any point kept.
+    pub(crate) fn bounds(&self) -> Option<(i64, i64)> {
+        self.bounds
+    }
+
+    /// Writes every GPU's in-memory points to the spill file.
+    fn spill_all(&mut self) {
+        use std::os::unix::fs::FileExt;
+        let Some(spill) = self.spill.as_mut() else { return };
+        let mut buf = Vec::new();
+        for g in &mut self.gpus {
+            if g.points.is_empty() {
+                continue;
+            }
+            buf.clear();
+            for p in &g.points {
+                p.encode(&mut buf);
+            }
+            if let Err(e) = spill.file.write_all_at(&buf, spill.len) {
+                self.spill_error.get_or_insert_with(|| format!("writing the import spill file: {e}"));
+                return; // the points stay in memory; the input fails when it ends
+            }
+            g.spilled.push(Segment { offset: spill.len, count: g.points.len() });
+            spill.len += buf.len() as u64;
+            g.points = Vec::new();
+        }
+        self.in_memory = 0;
+    }
+
+    /// A GPU's points in input order: the spilled runs, then those in memory.
+    fn load_points(&self, g: Gpu) -> Result<Vec<Point>, ImportError> {
+        use std::os::unix::fs::FileExt;
+        if g.spilled.is_empty() {
+            return Ok(g.points);
+        }
+        let Some(spill) = self.spill.as_ref() else {
+            return Err(ImportError::Spill("spilled points but no spill file".to_owned()));
+        };
+        let total = g.spilled.iter().map(|s| s.count).sum::<usize>() + g.points.len();
+        let mut points = Vec::with_capacity(total);
+        let mut buf = Vec::new();
+        for s in &g.spilled {
+            buf.resize(s.count * POINT_BYTES, 0);
+            spill
+                .file
+                .read_exact_at(&mut buf, s.offset)
+                .map_err(|e| ImportError::Spill(format!("reading the import spill file: {e}")))?;
+            points.extend(buf.chunks_exact(POINT_BYTES).filter_map(Point::decode));
+        }
+        points.extend(g.points);
+        Ok(points)
     }
 
     /// Resolves a series once; its samples then go to [`Builder::sample`].
@@ -132,7 +248,7 @@ impl Builder {
                     Some(&g) => g,
                     None => {
                         let g = u32::try_from(self.gpus.len()).unwrap_or(u32::MAX);
-                        self.gpus.push(Gpu { key: key.to_owned(), points: Vec::new() });
+                        self.gpus.push(Gpu { key: key.to_owned(), points: Vec::new(), spilled: Vec::new() });
                         self.gpu_by_key.insert(key.to_owned(), g);
                         g
                     }
@@ -170,6 +286,11 @@ impl Builder {
         }
         if let Some(g) = self.gpus.get_mut(gpu as usize) {
             g.points.push(Point { t, v, label, field: field.index() as u8 });
+            self.in_memory += 1;
+            self.bounds = Some(self.bounds.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t))));
+            if self.spill.as_ref().is_some_and(|s| self.in_memory >= s.max_points) && self.spill_error.is_none() {
+                self.spill_all();
+            }
         }
     }
 
@@ -185,6 +306,7 @@ impl Builder {
             labels: self.labels.len(),
             gpus: self.gpus.len(),
             points: self.gpus.iter().map(|g| g.points.len()).collect(),
+            spilled: self.gpus.iter().map(|g| g.spilled.len()).collect(),
             samples_read: self.samples_read,
             skipped: self.skipped.clone(),
         }
@@ -195,9 +317,23 @@ impl Builder {
         self.labels.truncate(m.labels);
         self.gpus.truncate(m.gpus);
         self.gpu_by_key.retain(|_, g| (*g as usize) < m.gpus);
-        for (g, len) in self.gpus.iter_mut().zip(m.points) {
-            g.points.truncate(len);
+        for ((g, len), runs) in self.gpus.iter_mut().zip(m.points).zip(m.spilled) {
+            if g.spilled.len() > runs {
+                // The first spill of this GPU after the mark wrote its `len` pre-mark
+                // points in memory first: keep those, drop what followed.
+                g.spilled.truncate(runs + usize::from(len > 0));
+                if len > 0
+                    && let Some(first) = g.spilled.get_mut(runs)
+                {
+                    first.count = len;
+                }
+                g.points.clear();
+            } else {
+                g.points.truncate(len);
+            }
         }
+        self.in_memory = self.gpus.iter().map(|g| g.points.len()).sum();
+        self.spill_error = None;
         self.samples_read = m.samples_read;
         self.skipped = m.skipped;
     }
@@ -205,7 +341,7 @@ impl Builder {
     /// Applies the point-sample semantics (module docs) and hands the rows, sorted by
     /// GPU UUID and time, to `sink` in batches of up to `batch_rows` (at least 1). The
     /// returned outcome's `windows` is empty; the first error of `sink` stops the work.
-    pub(crate) fn finish_in_batches<E>(
+    pub(crate) fn finish_in_batches<E: From<ImportError>>(
         mut self,
         batch_rows: usize,
         mut sink: impl FnMut(Vec<GpuWindow>) -> Result<(), E>,
@@ -234,8 +370,15 @@ impl Builder {
         };
         for g in gpus {
             // Each GPU's points are dropped once its rows are out, so memory stays near
-            // the points not yet processed plus one batch.
-            if !self.gpu_rows(g.points, &mut out, &mut warnings, &mut emit) {
+            // the points not yet processed (or, spilled, one GPU's) plus one batch.
+            let points = match self.load_points(g) {
+                Ok(p) => p,
+                Err(e) => {
+                    failed = Some(E::from(e));
+                    break;
+                }
+            };
+            if !self.gpu_rows(points, &mut out, &mut warnings, &mut emit) {
                 break;
             }
         }
@@ -254,18 +397,14 @@ impl Builder {
     }
 
     /// All rows at once in `ImportOutcome::windows`.
-    pub(crate) fn finish(self) -> ImportOutcome {
+    pub(crate) fn finish(self) -> Result<ImportOutcome, ImportError> {
         let mut windows = Vec::new();
-        let done: Result<ImportOutcome, std::convert::Infallible> = self.finish_in_batches(usize::MAX, |mut batch| {
+        let mut out = self.finish_in_batches::<ImportError>(usize::MAX, |mut batch| {
             windows.append(&mut batch);
             Ok(())
-        });
-        let mut out = match done {
-            Ok(out) => out,
-            Err(never) => match never {},
-        };
+        })?;
         out.windows = windows;
-        out
+        Ok(out)
     }
 
     /// The rows of one GPU, to `emit`; false when `emit` asked to stop.
@@ -456,7 +595,7 @@ mod tests {
             b.sample(power, Some(T0 + k * 15 * S), 100.0 + k as f64);
             b.sample(temp, Some(T0 + (k * 15 + 5) * S), 40.0 + k as f64);
         }
-        let out = b.finish();
+        let out = b.finish().expect("finish");
         let rows: Vec<_> = out
             .windows
             .iter()
@@ -490,7 +629,7 @@ mod tests {
         for k in 0..3 {
             b.sample(energy, Some(T0 + k * 20 * S), 1_000_000.0 * (k + 1) as f64);
         }
-        let out = b.finish();
+        let out = b.finish().expect("finish");
         let col = |f: Field| out.windows.iter().map(|w| w.value(f)).collect::<Vec<_>>();
         assert_eq!(col(Field::GpuUtil), vec![Some(0.5); 4]);
         assert_eq!(col(Field::EnergyJoules), vec![None, Some(2000.0), None, Some(3000.0)]);
@@ -508,7 +647,7 @@ mod tests {
         b.sample(a, Some(T0 + S), 1.0);
         b.sample(a, None, 1.0);
         b.rollback(m);
-        let out = b.finish();
+        let out = b.finish().expect("finish");
         assert_eq!((out.samples_read, out.series, out.rows), (1, 1, 0));
         assert_eq!(out.skipped.get(reason::NO_TIMESTAMP), None);
     }

@@ -35,22 +35,48 @@ pub(crate) enum Timestamps {
 /// Parses `input` into `b`. On error, `b` may hold part of the input; the caller rolls
 /// it back.
 pub(crate) fn parse(input: &str, unit: Timestamps, b: &mut Builder) -> Result<(), ImportError> {
-    let mut cache: HashMap<&str, SeriesRef> = HashMap::new();
-    for (i, raw) in input.split('\n').enumerate() {
-        let line = raw.strip_suffix('\r').unwrap_or(raw).trim_start_matches([' ', '\t']);
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        parse_sample(line, unit, b, &mut cache).map_err(|message| ImportError::Text { line: i + 1, message })?;
+    let mut lines = Lines::new(unit);
+    for raw in input.split('\n') {
+        lines.line(raw, b)?;
     }
     Ok(())
 }
 
-fn parse_sample<'a>(
-    line: &'a str,
+/// A text input fed one line at a time (from a file read in pieces): the series cache
+/// lives as long as the input, so a line costs what it does in [`parse`].
+pub(crate) struct Lines {
+    unit: Timestamps,
+    number: usize,
+    cache: HashMap<String, SeriesRef>,
+}
+
+impl Lines {
+    pub(crate) fn new(unit: Timestamps) -> Self {
+        Self { unit, number: 0, cache: HashMap::new() }
+    }
+
+    /// The 1-based number of the last line given.
+    pub(crate) fn number(&self) -> usize {
+        self.number
+    }
+
+    /// One line, without its `\n` (a trailing `\r` is dropped here).
+    pub(crate) fn line(&mut self, raw: &str, b: &mut Builder) -> Result<(), ImportError> {
+        self.number += 1;
+        let line = raw.strip_suffix('\r').unwrap_or(raw).trim_start_matches([' ', '\t']);
+        if line.is_empty() || line.starts_with('#') {
+            return Ok(());
+        }
+        parse_sample(line, self.unit, b, &mut self.cache)
+            .map_err(|message| ImportError::Text { line: self.number, message })
+    }
+}
+
+fn parse_sample(
+    line: &str,
     unit: Timestamps,
     b: &mut Builder,
-    cache: &mut HashMap<&'a str, SeriesRef>,
+    cache: &mut HashMap<String, SeriesRef>,
 ) -> Result<(), String> {
     let (end, has_labels) = series_end(line)?;
     let text = &line[..end];
@@ -58,7 +84,7 @@ fn parse_sample<'a>(
         Some(&s) => s,
         None => {
             let s = resolve(text, b)?;
-            cache.insert(text, s);
+            cache.insert(text.to_owned(), s);
             s
         }
     };
@@ -409,7 +435,7 @@ DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\"} 5
 # EOF
 ";
         let b = run(text, Timestamps::Seconds).expect("parses");
-        let out = b.finish();
+        let out = b.finish().expect("finish");
         assert_eq!(out.samples_read, 3);
         assert_eq!(out.skipped.get(reason::NO_TIMESTAMP), Some(&2));
         assert_eq!(out.skipped.get(reason::FIRST), Some(&1));

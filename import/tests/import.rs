@@ -350,7 +350,7 @@ fn several_inputs_make_one_history() {
     let broken = format!("{b}DCGM_FI_DEV_GPU_UTIL{{UUID=\"GPU-aaaa\"\n");
     assert!(matches!(imp.add(broken.as_bytes(), None), Err(ImportError::Text { line: 3, .. })));
     assert_eq!(imp.add(b.as_bytes(), Some(Format::PrometheusText)), Ok(Format::PrometheusText));
-    let out = imp.finish();
+    let out = imp.finish().expect("finish");
     assert_eq!(
         rows(&out, "GPU-aaaa", Field::GpuUtil),
         vec![(15, 15.0, Some(0.2)), (30, 15.0, Some(0.3)), (45, 15.0, Some(0.4))]
@@ -498,7 +498,7 @@ fn a_larger_history_imports_linearly() {
     let done = imp.finish_in_batches(1000, |batch| {
         assert!(!batch.is_empty() && batch.len() <= 1000);
         batched.extend(batch);
-        Ok::<_, ()>(())
+        Ok::<_, ImportError>(())
     });
     let counts = done.expect("the sink never fails");
     assert!(counts.windows.is_empty());
@@ -511,7 +511,78 @@ fn a_larger_history_imports_linearly() {
     let mut calls = 0;
     let done = imp.finish_in_batches(1000, |_| {
         calls += 1;
-        if calls == 3 { Err("disk full") } else { Ok(()) }
+        if calls == 3 { Err(SinkError::DiskFull) } else { Ok(()) }
     });
-    assert_eq!((done, calls), (Err("disk full"), 3));
+    assert_eq!((done, calls), (Err(SinkError::DiskFull), 3));
+}
+
+/// A sink's own error; the importer's (a spill that cannot be read back) converts in.
+#[derive(Debug, PartialEq)]
+enum SinkError {
+    DiskFull,
+    Import(ImportError),
+}
+
+impl From<ImportError> for SinkError {
+    fn from(e: ImportError) -> Self {
+        SinkError::Import(e)
+    }
+}
+
+/// A promtool-style dump (series after series) of two GPUs and three fields, with a gap,
+/// repeats, a conflicting value and samples of one series split across the file.
+fn long_dump() -> String {
+    let mut s = String::new();
+    for (labels, seed) in [(H100, 0.0), (L4, 0.5)] {
+        let util: Vec<(i64, f64)> =
+            (0..300).filter(|t| !(100..130).contains(t)).map(|t| (t * 15, ((t as f64 + seed) % 7.0) * 10.0)).collect();
+        prom_lines(&mut s, "DCGM_FI_DEV_GPU_UTIL", labels, &util[..150]);
+        let power: Vec<(i64, f64)> = (0..300).map(|t| (t * 15 + 5, 100.0 + t as f64)).collect();
+        prom_lines(&mut s, "DCGM_FI_DEV_POWER_USAGE", labels, &power);
+        prom_lines(&mut s, "DCGM_FI_DEV_GPU_UTIL", labels, &util[150..]);
+        prom_lines(&mut s, "DCGM_FI_DEV_GPU_UTIL", labels, &util[10..20]); // repeats
+        prom_lines(&mut s, "DCGM_FI_DEV_FB_USED", labels, &[(30, 100.0), (45, 200.0), (45, 300.0), (60, 300.0)]);
+    }
+    s
+}
+
+#[test]
+fn a_history_larger_than_memory_spills_and_gives_the_same_rows() {
+    let input = long_dump();
+    let whole = run(&input);
+    assert!(whole.rows > 1000 && balanced(&whole), "{} rows", whole.rows);
+    for max_points in [1, 7, 500] {
+        let mut importer = Importer::new(opts()).expect("options");
+        importer.spill_to(tempfile::tempfile().expect("spill file"), max_points);
+        // Read as a file is: through a small buffer, a line at a time.
+        let reader = std::io::BufReader::with_capacity(64, input.as_bytes());
+        assert_eq!(importer.add_reader(reader, Format::PrometheusText), Ok(Format::PrometheusText));
+        let bounds = importer.time_bounds().expect("bounds");
+        let spilled = importer.finish().expect("finish");
+        assert_eq!(spilled, whole, "max_points = {max_points}");
+        assert_eq!(bounds, (UnixMicros(T0 * 1_000_000), UnixMicros((T0 + 299 * 15 + 5) * 1_000_000)));
+        assert!(whole.windows.iter().all(|w| w.time.minus(w.window) >= bounds.0 && w.time <= bounds.1));
+    }
+}
+
+#[test]
+fn a_failed_input_is_forgotten_even_after_it_spilled() {
+    let good = long_dump();
+    let expected = run(&good);
+    // The second input repeats the first's series with new times, then breaks.
+    let mut bad = String::new();
+    prom_lines(&mut bad, "DCGM_FI_DEV_GPU_UTIL", H100, &(400..900).map(|t| (t * 15, 50.0)).collect::<Vec<_>>());
+    bad.push_str("DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-aaaa\"} not-a-number 1\n");
+    for max_points in [3, 100, 100_000] {
+        let mut importer = Importer::new(opts()).expect("options");
+        importer.spill_to(tempfile::tempfile().expect("spill file"), max_points);
+        assert!(importer.add_reader(good.as_bytes(), Format::PrometheusText).is_ok());
+        let e = importer.add_reader(bad.as_bytes(), Format::PrometheusText).err();
+        assert!(matches!(e, Some(ImportError::Text { line: 501, .. })), "{e:?}");
+        assert_eq!(importer.finish().expect("finish"), expected, "max_points = {max_points}");
+    }
+    // Not UTF-8, read a line at a time: the same line and offset as a whole input.
+    let mut importer = Importer::new(opts()).expect("options");
+    let e = importer.add_reader(&b"# x\nm{a=\"\xff\"} 1 1\n"[..], Format::PrometheusText).err();
+    assert_eq!(e, Some(ImportError::NotUtf8 { line: 2, offset: 9 }));
 }

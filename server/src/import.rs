@@ -3,8 +3,10 @@
 //! ingest path agents use.
 //!
 //! ```text
-//!  files ─► apron_import::Importer (one history across files; point samples → windows)
-//!        ─► batches of ≤ 50 000 rows, in (GPU, time) order
+//!  files ─► apron_import::Importer (one history across files; point samples → windows;
+//!           read a line at a time on a blocking thread, samples past a budget spilled
+//!           to an unnamed temp file in the data directory)
+//!        ─► batches of ≤ 50 000 rows, in (GPU, time) order, through a channel of two
 //!        ─► drop rows whose window overlaps data already stored for that GPU (agent or
 //!           scrape data wins over an import for the same GPU and time)
 //!        ─► Store::ingest as agent "import", epoch = a hash of the files' contents,
@@ -15,12 +17,13 @@
 //!
 //! The data directory must not be open in a running server (the store's lock says so).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use apron_collector::{INGEST_PATIENCE, IngestRequest, Store, Table};
 use apron_common::GpuWindow;
 use apron_common::wire::{encode_ipc, windows_to_batch};
-use apron_import::{ImportOptions, ImportOutcome, Importer};
+use apron_import::{Format, ImportOptions, ImportOutcome, Importer};
 use apron_query::QueryEngine;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
@@ -44,16 +47,14 @@ pub struct ImportReport {
     pub epoch: String,
 }
 
-/// FNV-1a over the inputs, their lengths included: the same files give the same epoch.
+#[cfg(test)]
 fn epoch(inputs: &[(String, Vec<u8>)]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = Fnv::new();
     for (_, bytes) in inputs {
-        for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes.iter()) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        h.input(bytes.len() as u64);
+        h.update(bytes);
     }
-    format!("import-{h:016x}")
+    h.epoch()
 }
 
 /// Time already covered for one GPU, as sorted `(start, end]` intervals in µs.
@@ -147,46 +148,205 @@ pub(crate) async fn store_windows(
     Ok(out)
 }
 
+/// One input of an import.
+#[derive(Debug)]
+pub enum Input {
+    /// Bytes already in memory (an upload, a test), with a name for messages.
+    Bytes { name: String, bytes: Vec<u8> },
+    /// A file, read a line at a time (text) so its size does not matter.
+    File(PathBuf),
+}
+
+/// Samples an import holds in memory before it spills them to a temporary file in the
+/// spill directory (24 B each in memory, 21 B on disk): about 100 MiB.
+pub const SPILL_POINTS: usize = 4 << 20;
+
+/// What the reading thread tells the storing task.
+enum Msg {
+    Progress(String),
+    /// Every input is read: the epoch and the time bounds of every row to come.
+    Ready {
+        epoch: String,
+        from: i64,
+        to: i64,
+    },
+    Batch(Vec<GpuWindow>),
+}
+
+/// Why the reading thread stopped early.
+enum Stop {
+    Import(apron_import::ImportError),
+    /// The storing side gave up (its error is the one reported).
+    Closed,
+}
+
+impl From<apron_import::ImportError> for Stop {
+    fn from(e: apron_import::ImportError) -> Self {
+        Stop::Import(e)
+    }
+}
+
 /// Imports `inputs` (name, bytes) into `store`; `progress` hears one line per step.
 pub async fn run(
     store: Arc<Store>,
     engine: Arc<QueryEngine>,
     inputs: Vec<(String, Vec<u8>)>,
     options: ImportOptions,
+    progress: impl FnMut(String),
+) -> Result<ImportReport, String> {
+    let inputs = inputs.into_iter().map(|(name, bytes)| Input::Bytes { name, bytes }).collect();
+    run_inputs(store, engine, inputs, options, None, progress).await
+}
+
+/// Imports `inputs` into `store`, streaming: files are read a line at a time on a
+/// blocking thread, samples past [`SPILL_POINTS`] go to an unnamed temporary file in
+/// `spill.0` (when given; `spill.1` is the budget, normally [`SPILL_POINTS`]), and rows reach the store in batches of 50,000 through a
+/// channel of two — so memory does not depend on the size of the inputs.
+pub async fn run_inputs(
+    store: Arc<Store>,
+    engine: Arc<QueryEngine>,
+    inputs: Vec<Input>,
+    options: ImportOptions,
+    spill: Option<(PathBuf, usize)>,
     mut progress: impl FnMut(String),
 ) -> Result<ImportReport, String> {
-    let epoch = epoch(&inputs);
-    let mut importer = Importer::new(options).map_err(|e| e.to_string())?;
-    for (name, bytes) in &inputs {
-        let format = importer.add(bytes, None).map_err(|e| format!("{name}: {e}"))?;
-        progress(format!("read {name} ({}, {} bytes)", format.as_str(), bytes.len()));
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(2);
+    let reader = tokio::task::spawn_blocking(move || read_inputs(inputs, options, spill, &tx));
+    let mut report = ImportReport::default();
+    let mut ready: Option<(String, i64, i64)> = None;
+    let (mut sequence, mut done) = (0u64, 0usize);
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            Msg::Progress(line) => progress(line),
+            Msg::Ready { epoch, from, to } => ready = Some((epoch, from, to)),
+            Msg::Batch(rows) => {
+                let Some((epoch, from, to)) = &ready else {
+                    return Err("import: rows before the inputs were read".into());
+                };
+                let n = rows.len();
+                let s = store_windows(&store, &engine, rows, (*from, *to), IMPORT_AGENT, epoch, sequence).await?;
+                sequence += 1;
+                report.overlapping += s.overlapping;
+                report.stored += s.stored;
+                report.already_imported += s.duplicate;
+                done += n;
+                progress(format!("stored {done} rows"));
+            }
+        }
     }
-    let mut batches: Vec<Vec<GpuWindow>> = Vec::new();
-    let outcome = importer
-        .finish_in_batches(BATCH_ROWS, |rows| {
-            batches.push(rows);
-            Ok::<(), String>(())
-        })
-        .map_err(|e| e.to_string())?;
-    let mut report = ImportReport { outcome, epoch: epoch.clone(), ..ImportReport::default() };
-    let total: usize = batches.iter().map(Vec::len).sum();
-    let (from, to) = (report.outcome.first_us.map_or(0, |t| t.0), report.outcome.last_us.map_or(0, |t| t.0));
-    let mut done = 0usize;
-    for (sequence, rows) in batches.into_iter().enumerate() {
-        let n = rows.len();
-        let s = store_windows(&store, &engine, rows, (from, to), IMPORT_AGENT, &epoch, sequence as u64).await?;
-        report.overlapping += s.overlapping;
-        report.stored += s.stored;
-        report.already_imported += s.duplicate;
-        done += n;
-        progress(format!("stored {done}/{total} rows"));
-    }
+    report.outcome = reader.await.map_err(|e| e.to_string())??;
+    report.epoch = ready.map(|(epoch, ..)| epoch).unwrap_or_default();
     let s = store.clone();
     tokio::task::spawn_blocking(move || s.persist_now())
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     Ok(report)
+}
+
+/// The reading thread: every input into one importer, then its rows to `tx`.
+fn read_inputs(
+    inputs: Vec<Input>,
+    options: ImportOptions,
+    spill: Option<(PathBuf, usize)>,
+    tx: &tokio::sync::mpsc::Sender<Msg>,
+) -> Result<ImportOutcome, String> {
+    let say = |line: String| {
+        let _ = tx.blocking_send(Msg::Progress(line));
+    };
+    let mut importer = Importer::new(options).map_err(|e| e.to_string())?;
+    if let Some((dir, max_points)) = spill {
+        let file =
+            tempfile::tempfile_in(&dir).map_err(|e| format!("creating a spill file in {}: {e}", dir.display()))?;
+        importer.spill_to(file, max_points);
+    }
+    let mut epoch = Fnv::new();
+    for input in inputs {
+        match input {
+            Input::Bytes { name, bytes } => {
+                epoch.input(bytes.len() as u64);
+                epoch.update(&bytes);
+                let format = importer.add(&bytes, None).map_err(|e| format!("{name}: {e}"))?;
+                say(format!("read {name} ({}, {} bytes)", format.as_str(), bytes.len()));
+            }
+            Input::File(path) => {
+                let name = path.display().to_string();
+                let io = |e: std::io::Error| format!("{name}: {e}");
+                let mut file = std::fs::File::open(&path).map_err(io)?;
+                let len = file.metadata().map_err(io)?.len();
+                let format = detect_file(&mut file, len).map_err(io)?;
+                epoch.input(len);
+                let reader = std::io::BufReader::with_capacity(1 << 20, Hashing { inner: file, fnv: &mut epoch });
+                importer.add_reader(reader, format).map_err(|e| format!("{name}: {e}"))?;
+                say(format!("read {name} ({}, {len} bytes)", format.as_str()));
+            }
+        }
+    }
+    let (from, to) = importer.time_bounds().map_or((0, 0), |(a, b)| (a.0, b.0));
+    if tx.blocking_send(Msg::Ready { epoch: epoch.epoch(), from, to }).is_err() {
+        return Err("import: the storing side stopped".into());
+    }
+    let outcome =
+        importer.finish_in_batches(BATCH_ROWS, |rows| tx.blocking_send(Msg::Batch(rows)).map_err(|_| Stop::Closed));
+    match outcome {
+        Ok(o) => Ok(o),
+        Err(Stop::Import(e)) => Err(e.to_string()),
+        // The storing side's own error is what the caller sees.
+        Err(Stop::Closed) => Err("import: the storing side stopped".into()),
+    }
+}
+
+/// The format of a file from its first 64 KiB and its last bytes (JSON opens with `[`
+/// or `{"`; OpenMetrics ends with `# EOF`), leaving the file at its start.
+fn detect_file(file: &mut std::fs::File, len: u64) -> std::io::Result<Format> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut probe = Vec::new();
+    file.by_ref().take(64 << 10).read_to_end(&mut probe)?;
+    if len > probe.len() as u64 {
+        file.seek(SeekFrom::Start(len.saturating_sub(64)))?;
+        file.by_ref().take(64).read_to_end(&mut probe)?;
+    }
+    file.seek(SeekFrom::Start(0))?;
+    Ok(Format::detect(&probe))
+}
+
+/// FNV-1a over the inputs, each as its length then its bytes: the same files give the
+/// same epoch, so importing them again is a no-op (the store's dedup).
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn input(&mut self, len: u64) {
+        self.update(&len.to_le_bytes());
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn epoch(&self) -> String {
+        format!("import-{:016x}", self.0)
+    }
+}
+
+/// A reader that feeds what passes through it to the epoch hash.
+struct Hashing<'a, R> {
+    inner: R,
+    fnv: &'a mut Fnv,
+}
+
+impl<R: std::io::Read> std::io::Read for Hashing<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.fnv.update(buf.get(..n).unwrap_or_default());
+        Ok(n)
+    }
 }
 
 #[cfg(test)]

@@ -476,10 +476,9 @@ async fn import_command(
         host_override: host.map(apron_common::HostName::new).transpose().context("--host")?,
         ..apron_import::ImportOptions::default()
     };
-    let mut inputs = Vec::new();
-    for f in &files {
-        inputs.push((f.display().to_string(), std::fs::read(f).with_context(|| format!("reading {}", f.display()))?));
-    }
+    // Files are streamed (read a line at a time, samples spilled past a budget), so an
+    // import of any size runs in the same memory.
+    let inputs = files.into_iter().map(apron::import::Input::File).collect();
     let config = apron_collector::StoreConfig { data_dir: data.clone(), ..apron_collector::StoreConfig::default() };
     let store = tokio::task::spawn_blocking(move || apron_collector::Store::open(config))
         .await?
@@ -487,7 +486,8 @@ async fn import_command(
     let store = std::sync::Arc::new(store);
     let engine =
         std::sync::Arc::new(apron_query::QueryEngine::new(apron_query::QueryConfig::default(), store.clone())?);
-    let r = apron::import::run(store, engine, inputs, options, |line| eprintln!("apron import: {line}"))
+    let spill = Some((data.clone(), apron::import::SPILL_POINTS));
+    let r = apron::import::run_inputs(store, engine, inputs, options, spill, |line| eprintln!("apron import: {line}"))
         .await
         .map_err(anyhow::Error::msg)?;
     let o = &r.outcome;

@@ -219,7 +219,7 @@ pub async fn ingest(s: &OtlpState, points: Vec<Point>) -> Result<usize, String> 
             last.insert(key, ((*name).clone(), l.clone(), *t, *v));
         }
     }
-    let outcome = importer.finish();
+    let outcome = importer.finish().map_err(|e| e.to_string())?;
     if outcome.windows.is_empty() {
         return Ok(0);
     }

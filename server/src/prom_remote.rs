@@ -511,6 +511,7 @@ impl WriteBuffer {
         }
         let windows: Vec<GpuWindow> = importer
             .finish()
+            .map_err(|e| e.to_string())?
             .windows
             .into_iter()
             .filter(|w| done_before.get(w.gpu.gpu_uuid.as_str()).is_none_or(|&d| w.time.0 > d))

@@ -130,7 +130,7 @@ impl Scraper {
         let mut importer = Importer::new(self.options.clone()).map_err(|e| e.to_string())?;
         importer.add_scrape(&prev, prev_format, prev_at).map_err(|e| e.to_string())?;
         importer.add_scrape(&body, format, at).map_err(|e| format!("{}: {e}", self.target.url))?;
-        let outcome = importer.finish();
+        let outcome = importer.finish().map_err(|e| e.to_string())?;
         let windows = outcome.windows.len();
         self.sequence += 1;
         let s = crate::import::store_windows(

@@ -28,12 +28,12 @@ fn text(data: &[u8]) {
     for format in [Format::PrometheusText, Format::OpenMetrics] {
         let mut importer = Importer::new(ImportOptions::default()).expect("default options");
         if importer.add(data, Some(format)).is_ok() {
-            check(&importer.finish());
+            check(&importer.finish().expect("finish"));
         }
     }
     let mut importer = Importer::new(ImportOptions::default()).expect("default options");
     if importer.add_scrape(data, None, UnixMicros(1_700_000_000_000_000)).is_ok() {
-        check(&importer.finish());
+        check(&importer.finish().expect("finish"));
     }
 }
 
@@ -41,7 +41,7 @@ fn text(data: &[u8]) {
 fn json(data: &[u8]) {
     let mut importer = Importer::new(ImportOptions::default()).expect("default options");
     if importer.add(data, Some(Format::PrometheusJson)).is_ok() {
-        check(&importer.finish());
+        check(&importer.finish().expect("finish"));
     }
 }
 

@@ -153,6 +153,33 @@ async fn an_imported_openmetrics_export_prices_like_the_agent_trace() {
     assert_eq!(again.stored, 0, "{again:?}");
     assert_eq!(count(&imported).await, before);
 
+    // The same export as a file, as `apron import FILE` reads it: a line at a time, the
+    // samples spilled to disk every 50. The same epoch, nothing stored again here, and
+    // on a fresh store the same rows and the same dollars.
+    let f_dir = tempfile::tempdir().expect("tempdir");
+    let path = f_dir.path().join("gpu.om");
+    std::fs::write(&path, openmetrics()).expect("file");
+    let streamed = |server: &apron::Server| {
+        apron::import::run_inputs(
+            server.store().clone(),
+            server.engine().clone(),
+            vec![apron::import::Input::File(path.clone())],
+            apron_import::ImportOptions::default(),
+            Some((f_dir.path().to_path_buf(), 50)),
+            |_| {},
+        )
+    };
+    let again = streamed(&imported).await.expect("import the file");
+    let kept_out = again.already_imported + again.overlapping;
+    assert_eq!((again.epoch.as_str(), again.stored, kept_out), (first.epoch.as_str(), 0, 480));
+    let s_dir = tempfile::tempdir().expect("tempdir");
+    let fresh = open(s_dir.path()).with_cost(cost(s_dir.path())).expect("cost");
+    let from_file = streamed(&fresh).await.expect("import the file");
+    assert_eq!((from_file.stored, &from_file.outcome), (480, &first.outcome));
+    let r = fresh.ledger().expect("ledger").run_once(now).await;
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert_eq!(hourly(&fresh).await, from_agent);
+
     // Agent data wins: importing over the agent's store adds nothing.
     let over = run(&agent).await.expect("import over agent data");
     assert_eq!((over.stored, over.overlapping), (0, 480));
