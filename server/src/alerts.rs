@@ -5,8 +5,9 @@
 //! ```text
 //!  every [alerts] interval (30 s):
 //!    gpu_samples windows of the lookback (the longest stranded_after + the longest
-//!    other hold + 10 min), owners resolved to teams as the ledger does, prices from the
-//!    price book
+//!    other hold + 10 min), read `gpus_per_query` GPUs at a time (memory follows
+//!    that, not the fleet), owners resolved to teams as the ledger does, prices from
+//!    the price book
 //!      └─► apron_cost::alert::Tracker (rebuilt each pass: late and backfilled data
 //!          count like live data); idle runs reaching back to the lookback's start are
 //!          followed further back (up to 7 d) with one query per run, remembered
@@ -58,6 +59,9 @@ pub struct AlertsConfig {
     pub exempt: Exemptions,
     pub alertmanager: Option<AlertmanagerConfig>,
     pub webhook: Option<WebhookConfig>,
+    /// GPUs whose lookback windows one query of a pass reads: a pass holds this many
+    /// GPUs' rows at once (32 × a 2 h lookback at 1 s ≈ 230 k rows), whatever the fleet.
+    pub gpus_per_query: usize,
 }
 
 impl Default for AlertsConfig {
@@ -70,6 +74,7 @@ impl Default for AlertsConfig {
             exempt: Exemptions::default(),
             alertmanager: None,
             webhook: None,
+            gpus_per_query: 32,
         }
     }
 }
@@ -188,6 +193,16 @@ impl Alerts {
         self.engine.execute_internal(sql).await.map(|r| r.batches).map_err(|e| format!("{e} (in: {sql})"))
     }
 
+    /// The non-NULL values of a one-string-column query, in order.
+    async fn strings(&self, sql: &str) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        for b in self.query(sql).await? {
+            let col = b.column(0).as_string_opt::<i32>().ok_or_else(|| format!("not a string column (in: {sql})"))?;
+            out.extend(col.iter().flatten().map(str::to_owned));
+        }
+        Ok(out)
+    }
+
     /// Evaluates as if the clock read `now_us` (the data's clock: tests replay history).
     pub async fn evaluate_at(&self, now_us: i64) -> Result<EvalReport, String> {
         let classify = self.ledger.classify_config().clone();
@@ -199,14 +214,16 @@ impl Alerts {
             .unwrap_or(0);
         let from = now_us - (classify.max_stranded_after_us() + hold + 600_000_000);
         let range = format!("time > {} AND time <= {}", ts(from), ts(now_us));
-        let batches = self
-            .query(&format!(
-                "SELECT gpu_uuid, time, window_s, \"host\", \"cluster\", gpu_model, parent_gpu_uuid, mig_profile, \
-                 CAST(sm_active_max AS DOUBLE), CAST(gpu_util_max AS DOUBLE), CAST(fb_used_bytes AS BIGINT), \
-                 gpu_lost, CAST(xid_last AS BIGINT), {OWNER_COLUMNS_SQL} FROM gpu_samples WHERE {range} \
-                 ORDER BY gpu_uuid, time"
+        // MIG parents: their activity is their instances'; the instances carry the alerts.
+        let parents: std::collections::BTreeSet<String> = self
+            .strings(&format!(
+                "SELECT DISTINCT parent_gpu_uuid FROM gpu_samples WHERE {range} AND parent_gpu_uuid IS NOT NULL"
             ))
-            .await?;
+            .await?
+            .into_iter()
+            .collect();
+        let gpus =
+            self.strings(&format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid")).await?;
         let procs = self
             .query(&format!("SELECT gpu_uuid, max(time) FROM gpu_processes WHERE {range} GROUP BY gpu_uuid"))
             .await?;
@@ -222,14 +239,20 @@ impl Alerts {
         let mut tracker = Tracker::default();
         let mut report = EvalReport::default();
         let mut prices: BTreeMap<String, Option<apron_cost::Micros>> = BTreeMap::new();
-        {
+        // The lookback's rows a few GPUs at a time: memory follows the chunk, not the fleet.
+        for chunk in gpus.chunks(self.config.gpus_per_query.max(1)) {
+            let (Some(lo), Some(hi)) = (chunk.first(), chunk.last()) else { continue };
+            let batches = self
+                .query(&format!(
+                    "SELECT gpu_uuid, time, window_s, \"host\", \"cluster\", gpu_model, parent_gpu_uuid, mig_profile, \
+                     CAST(sm_active_max AS DOUBLE), CAST(gpu_util_max AS DOUBLE), CAST(fb_used_bytes AS BIGINT), \
+                     gpu_lost, CAST(xid_last AS BIGINT), {OWNER_COLUMNS_SQL} FROM gpu_samples WHERE {range} \
+                     AND gpu_uuid >= {} AND gpu_uuid <= {} ORDER BY gpu_uuid, time",
+                    sql_str(lo),
+                    sql_str(hi)
+                ))
+                .await?;
             let mut st = self.lock();
-            // MIG parents: their activity is their instances'; the instances carry the alerts.
-            let mut parents = std::collections::BTreeSet::new();
-            for b in &batches {
-                let p = b.column(6).as_string::<i32>();
-                parents.extend(p.iter().flatten().map(str::to_owned));
-            }
             for b in &batches {
                 let s = |i: usize| b.column(i).as_string::<i32>();
                 let f = |i: usize| b.column(i).as_primitive::<Float64Type>();
@@ -289,8 +312,8 @@ impl Alerts {
                     report.windows += 1;
                 }
             }
-            st.holders.retain(|_, h| Arc::strong_count(h) > 1);
         }
+        self.lock().holders.retain(|_, h| Arc::strong_count(h) > 1);
         self.extend_runs(&mut tracker).await?;
         let keep = micros(self.config.keep_resolved);
         let conditions: Vec<_> = tracker

@@ -9,6 +9,12 @@ use apron::{Access, FileConfig, Overrides, Server};
 use apron_agent::config::SourceKind;
 use clap::Parser;
 
+/// mimalloc instead of glibc's malloc: after a burst (a seed, an import, a compaction)
+/// glibc kept ~1 GiB of freed memory in its arenas; mimalloc returns it (measured in
+/// docs/benchmarks.md, "Memory").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Apron: GPU utilisation, idle time and its cost — the server (`serve`), the
 /// all-in-one (`up`), and the tools that read what they store.
 #[derive(Debug, Parser)]

@@ -159,6 +159,8 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     let (hook, seen, _hook_task) = capture().await;
     let alerts = AlertsConfig {
         webhook: Some(toml::from_str(&format!("url = \"http://{hook}/hook\"")).expect("webhook config")),
+        // Two GPUs per query: the pass works through the fleet in three chunks.
+        gpus_per_query: 2,
         ..AlertsConfig::default()
     };
     let server = open(dir.path())
