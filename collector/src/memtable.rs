@@ -119,10 +119,7 @@ impl TableBuffer {
     fn push(&mut self, batch: RecordBatch) {
         let rows = batch.num_rows();
         if rows >= COALESCE_ROWS {
-            self.coalesce(self.small);
-            self.small = 0;
-            self.small_rows = 0;
-            self.fresh = 0;
+            self.close_tail();
             self.append(batch);
             return;
         }
@@ -131,10 +128,7 @@ impl TableBuffer {
         self.fresh += 1;
         self.small_rows += rows;
         if self.small_rows >= COALESCE_ROWS {
-            self.coalesce(self.small);
-            self.small = 0;
-            self.small_rows = 0;
-            self.fresh = 0;
+            self.close_tail();
         } else if self.fresh >= COALESCE_BATCHES {
             // The merged batch stays small: it is one of the tail's small batches, but
             // no longer fresh, so each row is copied about twice in all.
@@ -143,6 +137,14 @@ impl TableBuffer {
             }
             self.fresh = 0;
         }
+    }
+
+    /// Merges the small tail into one batch and starts a new tail.
+    fn close_tail(&mut self) {
+        self.coalesce(self.small);
+        self.small = 0;
+        self.small_rows = 0;
+        self.fresh = 0;
     }
 
     fn append(&mut self, batch: RecordBatch) {

@@ -36,7 +36,7 @@ use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use crate::fsutil::{self, MICROS_PER_DAY, date_string, day_of_micros};
+use crate::fsutil::{self, date_string, day_of_micros};
 use crate::schema::storage_schema;
 
 /// Version of the on-disk layout, written into each file's key-value metadata.
@@ -151,40 +151,6 @@ pub fn writer_properties(table: Table, options: &PersistOptions) -> Result<Write
     Ok(b.build())
 }
 
-/// Sorts `batches` of `table` by (day, `gpu_uuid`, time column) and splits them by
-/// UTC day of the table's time column.
-pub fn sort_by_day(table: Table, batches: &[RecordBatch]) -> Result<Vec<(i64, RecordBatch)>, PersistError> {
-    let schema = storage_schema(table);
-    let all = arrow_select::concat::concat_batches(&schema, batches)?;
-    if all.num_rows() == 0 {
-        return Ok(Vec::new());
-    }
-    let time = time_column(&all, table)?;
-    let days: ArrayRef = Arc::new(time.unary::<_, Int64Type>(|t| t.div_euclid(MICROS_PER_DAY)));
-    let gpu = all.column(schema.index_of("gpu_uuid")?).clone();
-    let keys = [days, gpu, all.column(schema.index_of(table.time_column())?).clone()];
-    let indices = lexsort_to_indices(&keys.map(|values| SortColumn { values, options: None }), None)?;
-    let sorted = arrow_select::take::take_record_batch(&all, &indices)?;
-    let time = time_column(&sorted, table)?;
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 1..=sorted.num_rows() {
-        let day = day_of_micros(time.value(start));
-        if i == sorted.num_rows() || day_of_micros(time.value(i)) != day {
-            out.push((day, sorted.slice(start, i - start)));
-            start = i;
-        }
-    }
-    Ok(out)
-}
-
-fn time_column(b: &RecordBatch, table: Table) -> Result<&arrow_array::TimestampMicrosecondArray, ArrowError> {
-    let name = table.time_column();
-    b.column_by_name(name)
-        .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
-        .ok_or_else(|| ArrowError::SchemaError(format!("no Timestamp(µs) column \"{name}\"")))
-}
-
 /// Writes `batches` of `table` as one temp file per UTC day, rows sorted by
 /// (`gpu_uuid`, time). Nothing is visible until [`publish`]; on error, the temp files
 /// written so far are removed.
@@ -249,7 +215,7 @@ impl SortedRows {
         let time_values = time
             .as_primitive_opt::<TimestampMicrosecondType>()
             .ok_or_else(|| ArrowError::SchemaError(format!("no Timestamp(µs) column \"{}\"", table.time_column())))?;
-        let day_values = time_values.unary::<_, Int64Type>(|t| t.div_euclid(MICROS_PER_DAY));
+        let day_values = time_values.unary::<_, Int64Type>(day_of_micros);
         let keys = [Arc::new(day_values.clone()) as ArrayRef, column("gpu_uuid")?, time];
         let sorted = lexsort_to_indices(&keys.map(|values| SortColumn { values, options: None }), None)?;
         let positions = sorted.values().iter().map(|&i| origin[i as usize]).collect();
@@ -282,16 +248,24 @@ impl SortedRows {
     }
 }
 
-/// Writes one temp file into the `date=` partition of `table` from `batch`, which must
-/// be sorted and all in that day (zero rows is allowed: an empty file).
-pub fn stage_partition(
+/// Writes `batches` of `table` as one sorted temp file in the `date=` partition of
+/// `day` (`date` is its name; no rows is an empty file), gathering a row group at a time
+/// like [`stage_table`]. `Ok(None)` when a row lies outside the day.
+pub fn stage_day(
     data_dir: &Path,
     table: Table,
     date: &str,
-    batch: &RecordBatch,
+    day: i64,
+    batches: &[RecordBatch],
     options: &PersistOptions,
-) -> Result<StagedFile, PersistError> {
-    stage_rows(data_dir, table, date, std::iter::once(Ok(batch.clone())), options)
+) -> Result<Option<StagedFile>, PersistError> {
+    let order = SortedRows::of(table, batches)?;
+    if order.days.iter().any(|&d| d != day) {
+        return Ok(None);
+    }
+    let sources = SortedRows::sources(batches);
+    let parts = SortedRows::gather(&sources, &order.positions, options.row_group_rows);
+    stage_rows(data_dir, table, date, parts, options).map(Some)
 }
 
 /// Writes `parts` (sorted, all in `date`, produced one at a time) as one temp file in

@@ -51,8 +51,7 @@ pub struct ImportReport {
 fn epoch(inputs: &[(String, Vec<u8>)]) -> String {
     let mut h = Fnv::new();
     for (_, bytes) in inputs {
-        h.input(bytes.len() as u64);
-        h.update(bytes);
+        h.whole(bytes);
     }
     h.epoch()
 }
@@ -264,8 +263,7 @@ fn read_inputs(
     for input in inputs {
         match input {
             Input::Bytes { name, bytes } => {
-                epoch.input(bytes.len() as u64);
-                epoch.update(&bytes);
+                epoch.whole(&bytes);
                 let format = importer.add(&bytes, None).map_err(|e| format!("{name}: {e}"))?;
                 say(format!("read {name} ({}, {} bytes)", format.as_str(), bytes.len()));
             }
@@ -319,8 +317,15 @@ impl Fnv {
         Fnv(0xcbf2_9ce4_8422_2325)
     }
 
+    /// The start of an input of `len` bytes (its bytes follow through [`Fnv::update`]).
     fn input(&mut self, len: u64) {
         self.update(&len.to_le_bytes());
+    }
+
+    /// A whole input held in memory.
+    fn whole(&mut self, bytes: &[u8]) {
+        self.input(bytes.len() as u64);
+        self.update(bytes);
     }
 
     fn update(&mut self, bytes: &[u8]) {

@@ -7,6 +7,7 @@ use parquet::basic::Type as PhysicalType;
 use parquet::file::metadata::PageIndexPolicy;
 
 use super::*;
+use crate::fsutil::MICROS_PER_DAY;
 use crate::schema::to_storage;
 use crate::testdata;
 

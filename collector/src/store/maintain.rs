@@ -18,7 +18,7 @@ use super::{Inner, TABLES, lock, now_us};
 use crate::compact::{self, JOURNAL, Plan, Policy};
 use crate::error::StoreError;
 use crate::persist::{self, PersistError, PersistOptions, PersistedFile};
-use crate::schema::{storage_schema, to_storage};
+use crate::schema::to_storage;
 
 /// A partition merged into one file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,17 +177,10 @@ impl Inner {
             .map(|b| to_storage(table, b))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad(e.to_string()))?;
-        let sorted = persist::sort_by_day(table, &storage)?;
-        if sorted.iter().any(|(d, _)| *d != day) {
-            return Err(bad(format!("rows outside the day in column {}", table.time_column())));
-        }
-        let batch = match sorted.into_iter().next() {
-            Some((_, b)) => b,
-            None => RecordBatch::new_empty(storage_schema(table)),
-        };
         let _one_at_a_time = lock(&self.maintain_lock);
         let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
-        let staged = persist::stage_partition(&self.config.data_dir, table, date, &batch, &options)?;
+        let staged = persist::stage_day(&self.config.data_dir, table, date, day, &storage, &options)?
+            .ok_or_else(|| bad(format!("rows outside the day in column {}", table.time_column())))?;
         let partition = compact::partition_dir(&self.config.data_dir, table, date);
         // A previous replacement still in its grace: its old files go now, so the new
         // journal cannot hide its record of them.
