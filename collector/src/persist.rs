@@ -71,6 +71,10 @@ pub enum PersistError {
     Parquet(#[from] ParquetError),
     #[error("persist: arrow: {0}")]
     Arrow(#[from] ArrowError),
+    /// The rows given cannot be written as asked (out of order, outside the day) or their
+    /// producer failed.
+    #[error("persist: rows: {0}")]
+    Rows(String),
 }
 
 impl PersistError {
@@ -169,7 +173,7 @@ pub fn stage_table(
         let order = SortedRows::of(table, batches)?;
         let sources = SortedRows::sources(batches);
         for (day, rows) in order.days() {
-            let parts = SortedRows::gather(&sources, rows, options.row_group_rows);
+            let parts = SortedRows::gather(&sources, rows, options.row_group_rows).map(|p| p.map_err(Into::into));
             staged.push(stage_rows(data_dir, table, &date_string(day), parts, options)?);
         }
         Ok(())
@@ -264,8 +268,69 @@ pub fn stage_day(
         return Ok(None);
     }
     let sources = SortedRows::sources(batches);
-    let parts = SortedRows::gather(&sources, &order.positions, options.row_group_rows);
+    let parts = SortedRows::gather(&sources, &order.positions, options.row_group_rows).map(|p| p.map_err(Into::into));
     stage_rows(data_dir, table, date, parts, options).map(Some)
+}
+
+/// Writes `parts` — storage-schema rows already in persist order (`gpu_uuid`, time),
+/// handed over one batch at a time — as one temp file in the `date=` partition of `day`.
+/// Memory is one part plus the writer's row group, whatever the partition's size. A part
+/// out of order or outside the day, or a producer's error, fails the write and the temp
+/// file is removed.
+pub fn stage_sorted(
+    data_dir: &Path,
+    table: Table,
+    date: &str,
+    day: i64,
+    parts: impl Iterator<Item = Result<RecordBatch, PersistError>>,
+    options: &PersistOptions,
+) -> Result<StagedFile, PersistError> {
+    let mut last: Option<(String, i64)> = None;
+    let checked = parts.map(move |part| {
+        let part = part?;
+        last = in_order(table, day, &part, last.take())?;
+        Ok(part)
+    });
+    stage_rows(data_dir, table, date, checked, options)
+}
+
+/// Checks that `part`'s rows are in day `day` and follow `last` in (`gpu_uuid`, time)
+/// order; returns the part's last key.
+fn in_order(
+    table: Table,
+    day: i64,
+    part: &RecordBatch,
+    last: Option<(String, i64)>,
+) -> Result<Option<(String, i64)>, PersistError> {
+    let n = part.num_rows();
+    if n == 0 {
+        return Ok(last);
+    }
+    let column =
+        |name: &str| part.column_by_name(name).ok_or_else(|| PersistError::Rows(format!("no column \"{name}\"")));
+    let uuid = column("gpu_uuid")?
+        .as_string_opt::<i32>()
+        .ok_or_else(|| PersistError::Rows("gpu_uuid is not a string column".into()))?;
+    let time = column(table.time_column())?
+        .as_primitive_opt::<TimestampMicrosecondType>()
+        .ok_or_else(|| PersistError::Rows(format!("{} is not a Timestamp(µs) column", table.time_column())))?;
+    let mut prev: Option<(&str, i64)> = last.as_ref().map(|(u, t)| (u.as_str(), *t));
+    for r in 0..n {
+        let key = (uuid.value(r), time.value(r));
+        if day_of_micros(key.1) != day {
+            return Err(PersistError::Rows(format!("{} at {} µs lies outside the partition's day", key.0, key.1)));
+        }
+        if let Some(p) = prev
+            && p > key
+        {
+            return Err(PersistError::Rows(format!(
+                "{} at {} µs comes after {} at {} µs: not in (gpu_uuid, time) order",
+                key.0, key.1, p.0, p.1
+            )));
+        }
+        prev = Some(key);
+    }
+    Ok(prev.map(|(u, t)| (u.to_owned(), t)))
 }
 
 /// Writes `parts` (sorted, all in `date`, produced one at a time) as one temp file in
@@ -274,7 +339,7 @@ fn stage_rows(
     data_dir: &Path,
     table: Table,
     date: &str,
-    parts: impl Iterator<Item = Result<RecordBatch, ArrowError>>,
+    parts: impl Iterator<Item = Result<RecordBatch, PersistError>>,
     options: &PersistOptions,
 ) -> Result<StagedFile, PersistError> {
     let props = writer_properties(table, options)?;

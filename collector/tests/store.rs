@@ -270,6 +270,52 @@ fn derived_partitions_are_replaced_whole_and_never_ingested() {
 }
 
 #[test]
+fn a_partition_written_as_it_comes_is_checked_and_a_failure_keeps_the_old_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(config(dir.path())).expect("open");
+    let date = "2026-11-18";
+    let teams_of = |p: &Path| {
+        let r = ParquetRecordBatchReaderBuilder::try_new(File::open(p).expect("open")).expect("parquet");
+        let mut teams = Vec::new();
+        for b in r.build().expect("reader") {
+            let b = b.expect("batch");
+            let col = b.column_by_name("team").expect("team").as_string::<i32>().clone();
+            teams.extend(col.iter().map(|t| t.expect("team").to_owned()));
+        }
+        teams
+    };
+    store.replace_partition(Table::Allocations, date, &[allocations(5, T0, "ml")]).expect("whole");
+    // Two parts in order: the same partition as one batch would give.
+    let rows = allocations(5, T0, "vision");
+    let parts = [Ok::<_, String>(rows.slice(0, 2)), Ok(rows.slice(2, 3))];
+    let streamed = store.replace_partition_sorted(Table::Allocations, date, parts.into_iter()).expect("streamed");
+    assert_eq!(store.persisted_files(Table::Allocations), vec![streamed.clone()]);
+    assert_eq!(teams_of(&streamed.path), vec!["vision"; 5]);
+
+    // Out of order, a producer's error, a row of the next day: refused, the stored
+    // partition stays, no temp file is left behind.
+    let fail = |parts: Vec<Result<RecordBatch, String>>| {
+        store.replace_partition_sorted(Table::Allocations, date, parts.into_iter()).expect_err("refused").to_string()
+    };
+    let other = allocations(5, T0, "infra");
+    let e = fail(vec![Ok(other.slice(2, 3)), Ok(other.slice(0, 2))]);
+    assert!(e.contains("not in (gpu_uuid, time) order") && e.contains("allocations"), "{e}");
+    let e = fail(vec![Ok(other.slice(0, 2)), Err("the rollup query failed".into())]);
+    assert!(e.contains("the rollup query failed"), "{e}");
+    let e = fail(vec![Ok(allocations(1, T0 + 86_400_000_000, "infra"))]);
+    assert!(e.contains("outside the partition's day"), "{e}");
+    assert_eq!(store.persisted_files(Table::Allocations), vec![streamed.clone()]);
+    assert_eq!(teams_of(&streamed.path), vec!["vision"; 5]);
+    let partition = dir.path().join("allocations").join(format!("date={date}"));
+    let temp: Vec<_> = std::fs::read_dir(&partition)
+        .expect("partition")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(temp.is_empty(), "{temp:?}");
+}
+
+#[test]
 fn duplicates_are_stored_once_across_restarts() {
     let dir = tempfile::tempdir().expect("tempdir");
     {

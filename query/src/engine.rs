@@ -303,12 +303,16 @@ impl QueryEngine {
         .await
     }
 
-    /// The `gpu_samples_1m` rows of `minutes`, computed from `gpu_samples` alone (never
-    /// from stored rollup rows), in the storage types (extremes as decimals/integers):
-    /// what the materializer stores. Runs under the engine's limits except the result
-    /// row cap.
-    pub async fn rollup(&self, minutes: rollup::Minutes) -> Result<QueryResult, QueryError> {
-        self.execute_capped(Request::sql(&rollup::rollup_sql(minutes)), None, &Scope::All, Caller::Server).await
+    /// The `gpu_samples_1m` rows of `minutes` for the GPUs of `slice`, ordered by
+    /// (`gpu_uuid`, `time`), computed from `gpu_samples` alone (never from stored rollup
+    /// rows), in the storage types (extremes as decimals/integers): what the materializer
+    /// stores. Runs under the engine's limits except the result row cap.
+    pub async fn rollup_slice(
+        &self,
+        minutes: rollup::Minutes,
+        slice: rollup::GpuSlice<'_>,
+    ) -> Result<QueryResult, QueryError> {
+        self.execute_capped(Request::sql(&rollup::slice_sql(minutes, slice)), None, &Scope::All, Caller::Server).await
     }
 
     /// Runs a query of the server's own (the cost ledger, the weekly report) under the

@@ -170,7 +170,30 @@ pub fn rollup_columns() -> Vec<(String, String)> {
 /// become bounds on the raw `time` (a minute ending at `m` reads windows ending in
 /// `(m − 60 s, m]`), so only the raw partitions needed are read.
 pub fn rollup_sql(minutes: Minutes) -> String {
-    let select: Vec<String> = rollup_columns().into_iter().map(|(e, n)| format!("{e} AS {n}")).collect();
+    rollup_sql_of(minutes, None)
+}
+
+/// GPUs `first ..= last` (by UUID): the slice of the fleet one step of a materialization
+/// reads, so its memory follows the slice, not the fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuSlice<'a> {
+    pub first: &'a str,
+    pub last: &'a str,
+}
+
+/// [`rollup_sql`] for the GPUs of `slice` only, in the order a partition is stored
+/// (`gpu_uuid`, `time`), so slices taken in UUID order can be written as they come.
+pub fn slice_sql(minutes: Minutes, slice: GpuSlice<'_>) -> String {
+    format!("{} ORDER BY gpu_uuid, time", rollup_sql_of(minutes, Some(slice)))
+}
+
+/// The bounds on raw `time` that the rollup of `minutes` reads (`TRUE` for all).
+pub fn raw_filter(minutes: Minutes) -> String {
+    let bounds = raw_bounds(minutes);
+    if bounds.is_empty() { "TRUE".to_owned() } else { bounds.join(" AND ") }
+}
+
+fn raw_bounds(minutes: Minutes) -> Vec<String> {
     let mut bounds = Vec::new();
     if let Some(from) = minutes.from {
         bounds.push(format!("time > {}", lit(from.saturating_sub(MINUTE_US))));
@@ -178,6 +201,16 @@ pub fn rollup_sql(minutes: Minutes) -> String {
     if let Some(to) = minutes.to {
         // Minute ends < to (a minute boundary) ⇔ window ends ≤ to − 60 s.
         bounds.push(format!("time <= {}", lit(to.saturating_sub(MINUTE_US))));
+    }
+    bounds
+}
+
+fn rollup_sql_of(minutes: Minutes, slice: Option<GpuSlice<'_>>) -> String {
+    let select: Vec<String> = rollup_columns().into_iter().map(|(e, n)| format!("{e} AS {n}")).collect();
+    let mut bounds = raw_bounds(minutes);
+    if let Some(GpuSlice { first, last }) = slice {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        bounds.push(format!("gpu_uuid >= {} AND gpu_uuid <= {}", quote(first), quote(last)));
     }
     let filter = if bounds.is_empty() { String::new() } else { format!(" WHERE {}", bounds.join(" AND ")) };
     format!(
@@ -533,6 +566,9 @@ mod tests {
         assert!(!sql.contains("fb_used_bytes_max_max"), "gauges have no window max column: {sql}");
         assert!(sql.ends_with("GROUP BY w.gpu_uuid, minute"), "{sql}");
         assert!(!rollup_sql(Minutes::ALL).contains("WHERE"));
+        let slice = slice_sql(Minutes::day(20_776), GpuSlice { first: "GPU-a", last: "GPU-o'k" });
+        assert!(slice.contains("AND gpu_uuid >= 'GPU-a' AND gpu_uuid <= 'GPU-o''k') AS w"), "{slice}");
+        assert!(slice.ends_with("GROUP BY w.gpu_uuid, minute ORDER BY gpu_uuid, time"), "{slice}");
     }
 
     #[test]

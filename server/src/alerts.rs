@@ -42,7 +42,7 @@ use datafusion::arrow::datatypes::{
 };
 use serde::Deserialize;
 
-use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, owner_at, sql_str, ts};
+use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, mig_parent_uuids, owner_at, sql_str, strings, ts};
 use crate::schedule::WebhookConfig;
 
 /// `[alerts]`.
@@ -194,15 +194,6 @@ impl Alerts {
     }
 
     /// The non-NULL values of a one-string-column query, in order.
-    async fn strings(&self, sql: &str) -> Result<Vec<String>, String> {
-        let mut out = Vec::new();
-        for b in self.query(sql).await? {
-            let col = b.column(0).as_string_opt::<i32>().ok_or_else(|| format!("not a string column (in: {sql})"))?;
-            out.extend(col.iter().flatten().map(str::to_owned));
-        }
-        Ok(out)
-    }
-
     /// Evaluates as if the clock read `now_us` (the data's clock: tests replay history).
     pub async fn evaluate_at(&self, now_us: i64) -> Result<EvalReport, String> {
         let classify = self.ledger.classify_config().clone();
@@ -215,15 +206,12 @@ impl Alerts {
         let from = now_us - (classify.max_stranded_after_us() + hold + 600_000_000);
         let range = format!("time > {} AND time <= {}", ts(from), ts(now_us));
         // MIG parents: their activity is their instances'; the instances carry the alerts.
-        let parents: std::collections::BTreeSet<String> = self
-            .strings(&format!(
-                "SELECT DISTINCT parent_gpu_uuid FROM gpu_samples WHERE {range} AND parent_gpu_uuid IS NOT NULL"
-            ))
-            .await?
-            .into_iter()
-            .collect();
-        let gpus =
-            self.strings(&format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid")).await?;
+        let parents = mig_parent_uuids(&self.engine, &range).await?;
+        let gpus = strings(
+            &self.engine,
+            &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid"),
+        )
+        .await?;
         let procs = self
             .query(&format!("SELECT gpu_uuid, max(time) FROM gpu_processes WHERE {range} GROUP BY gpu_uuid"))
             .await?;

@@ -8,8 +8,10 @@
 //!        E finished (E's end + storage.compaction_delay passed), E's end within raw retention,
 //!        E missing or stale (rollup::RawView::status against <data>/derived/rollup.json):
 //!      inputs = raw files of days E−1, E (taken before the query)
-//!      rows   = QueryEngine::rollup(minutes of E)   — from gpu_samples only, 24 hourly queries
-//!      Store::replace_partition(gpu_samples_1m, E, rows in the wire schema)
+//!      for each slice of [rollup] gpus_per_query GPUs (64), in UUID order:
+//!        rows = QueryEngine::rollup_slice(minutes of E, slice)  — from gpu_samples only
+//!        ─► Store::replace_partition_sorted(gpu_samples_1m, E)   — written as they come
+//!      (the new file replaces the partition once the last slice is written)
 //!      rollup.json[E] = inputs (written atomically, after the partition)
 //! ```
 //!
@@ -27,11 +29,10 @@ use apron_collector::{Store, Table};
 use apron_common::{UnixMicros, civil_from_days};
 use apron_query::QueryEngine;
 use apron_query::TableSource;
-use apron_query::rollup::{self, DayState, DayStatus, Minutes, RawView, RollupState};
+use apron_query::rollup::{self, DayState, DayStatus, GpuSlice, Minutes, RawView, RollupState};
 use serde::Deserialize;
 
 const DAY_US: i64 = 86_400_000_000;
-const HOUR_US: i64 = 3_600_000_000;
 
 /// `[rollup]`: the materializer of `gpu_samples_1m`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -43,11 +44,14 @@ pub struct RollupConfig {
     /// How often finished days are checked.
     #[serde(with = "humantime_serde_duration")]
     pub interval: Duration,
+    /// A day is rolled up this many GPUs at a time and written as it comes, so memory
+    /// follows this, not the fleet's size.
+    pub gpus_per_query: usize,
 }
 
 impl Default for RollupConfig {
     fn default() -> Self {
-        RollupConfig { enabled: true, interval: Duration::from_secs(60) }
+        RollupConfig { enabled: true, interval: Duration::from_secs(60), gpus_per_query: 64 }
     }
 }
 
@@ -64,6 +68,13 @@ mod humantime_serde_duration {
         }
         Ok(v)
     }
+}
+
+/// What the rollup hands the partition writer.
+enum Part {
+    Rows(datafusion::arrow::array::RecordBatch),
+    Failed(String),
+    End,
 }
 
 /// What one pass did.
@@ -89,6 +100,7 @@ pub struct Materializer {
     store: Arc<Store>,
     engine: Arc<QueryEngine>,
     state_path: std::path::PathBuf,
+    gpus_per_query: usize,
     /// One pass at a time, so a day is never materialized twice concurrently.
     pass: tokio::sync::Mutex<()>,
 }
@@ -96,9 +108,15 @@ pub struct Materializer {
 impl Materializer {
     /// The engine should be built with the same state file
     /// ([`QueryEngine::with_rollup_state`]) so stale days are served live.
-    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>) -> Materializer {
+    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, config: &RollupConfig) -> Materializer {
         let state_path = store.data_dir().join(rollup::STATE_FILE);
-        Materializer { store, engine, state_path, pass: tokio::sync::Mutex::new(()) }
+        Materializer {
+            store,
+            engine,
+            state_path,
+            gpus_per_query: config.gpus_per_query.max(1),
+            pass: tokio::sync::Mutex::new(()),
+        }
     }
 
     pub fn state_path(&self) -> &std::path::Path {
@@ -187,24 +205,56 @@ impl Materializer {
             .map_err(|e| e.to_string())
     }
 
-    /// Rolls up day `day` from `gpu_samples` and replaces its partition.
+    /// Rolls up day `day` from `gpu_samples` and replaces its partition: a slice of GPUs
+    /// at a time, in UUID order, each slice's minutes handed to the partition writer as
+    /// they come — the day is never whole in memory.
     async fn materialize(&self, day: i64, date: &str) -> Result<usize, String> {
-        let mut batches = Vec::new();
-        // Hour by hour: bounded memory and time per query.
-        for h in 0..24 {
-            let from = day * DAY_US + h * HOUR_US;
-            let minutes = Minutes { from: Some(from), to: Some(from + HOUR_US) };
-            let result = self.engine.rollup(minutes).await.map_err(|e| format!("rollup query: {e}"))?;
-            for b in &result.batches {
-                batches.push(rollup::to_wire(b).map_err(|e| format!("converting the rollup rows: {e}"))?);
+        let minutes = Minutes::day(day);
+        let gpus = crate::ledger::strings(
+            &self.engine,
+            &format!(
+                "SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {} ORDER BY gpu_uuid",
+                rollup::raw_filter(minutes)
+            ),
+        )
+        .await?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Part>(2);
+        let (store, owned_date) = (self.store.clone(), date.to_owned());
+        let writer = tokio::task::spawn_blocking(move || {
+            let parts = std::iter::from_fn(move || match rx.blocking_recv() {
+                Some(Part::Rows(b)) => Some(Ok(b)),
+                Some(Part::Failed(e)) => Some(Err(e)),
+                Some(Part::End) => None,
+                // Dropped before the end (the pass was cancelled): nothing is replaced.
+                None => Some(Err("the rollup stopped before the day's end".to_owned())),
+            });
+            store.replace_partition_sorted(Table::GpuSamples1m, &owned_date, parts)
+        });
+        let mut rows = 0;
+        let produced: Result<(), String> = async {
+            for chunk in gpus.chunks(self.gpus_per_query) {
+                let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
+                let result = self
+                    .engine
+                    .rollup_slice(minutes, GpuSlice { first, last })
+                    .await
+                    .map_err(|e| format!("rollup query: {e}"))?;
+                for b in &result.batches {
+                    let wire = rollup::to_wire(b).map_err(|e| format!("converting the rollup rows: {e}"))?;
+                    rows += wire.num_rows();
+                    if tx.send(Part::Rows(wire)).await.is_err() {
+                        return Ok(()); // the writer stopped; its error says why
+                    }
+                }
             }
+            Ok(())
         }
-        let rows = batches.iter().map(|b| b.num_rows()).sum();
-        let (store, date) = (self.store.clone(), date.to_owned());
-        tokio::task::spawn_blocking(move || store.replace_partition(Table::GpuSamples1m, &date, &batches))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("storing: {e}"))?;
+        .await;
+        let _ = tx.send(produced.clone().map_or_else(Part::Failed, |()| Part::End)).await;
+        drop(tx);
+        let stored = writer.await.map_err(|e| e.to_string())?;
+        produced?;
+        stored.map_err(|e| format!("storing: {e}"))?;
         Ok(rows)
     }
 
@@ -232,7 +282,7 @@ mod tests {
         assert_eq!(c, RollupConfig::default());
         assert_eq!(c.interval, Duration::from_secs(60));
         let c: RollupConfig = toml::from_str("interval = \"5m\"\nenabled = false").expect("parse");
-        assert_eq!(c, RollupConfig { enabled: false, interval: Duration::from_secs(300) });
+        assert_eq!(c, RollupConfig { enabled: false, interval: Duration::from_secs(300), gpus_per_query: 64 });
         assert!(toml::from_str::<RollupConfig>("interval = \"soon\"").is_err());
         assert!(toml::from_str::<RollupConfig>("interval = \"1ms\"").is_err());
         assert!(toml::from_str::<RollupConfig>("intervall = \"1m\"").is_err());

@@ -427,7 +427,7 @@ impl Server {
     /// The materializer over this server's store and engine (run by [`Server::run`]
     /// when enabled; tests call its passes directly).
     pub fn materializer(&self) -> derive::Materializer {
-        derive::Materializer::new(self.store.clone(), self.engine.clone())
+        derive::Materializer::new(self.store.clone(), self.engine.clone(), &self.rollup)
     }
 
     pub fn store(&self) -> &Arc<Store> {

@@ -18,7 +18,7 @@
 //! `rebalance-quota` needs pending work from the scheduler, which no source reports yet,
 //! so the rule runs with an empty queue and produces nothing until one does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ use datafusion::arrow::datatypes::{
 };
 use serde::Deserialize;
 
-use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, owner_at, sql_str, ts};
+use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, gpus_excluded_sql, mig_parent_uuids, owner_at, sql_str, strings, ts};
 
 /// `[recommend]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -48,6 +48,9 @@ pub struct RecommendSettings {
     pub window: Duration,
     #[serde(deserialize_with = "crate::ledger::humantime_duration")]
     pub interval: Duration,
+    /// A run reads the window this many GPUs at a time, so its memory follows this, not
+    /// the fleet's size (the per-minute spread alone is GPUs × minutes groups).
+    pub gpus_per_query: usize,
     pub rules: RecommendConfig,
 }
 
@@ -57,6 +60,7 @@ impl Default for RecommendSettings {
             enabled: true,
             window: Duration::from_secs(7 * 86_400),
             interval: Duration::from_secs(900),
+            gpus_per_query: 64,
             rules: RecommendConfig::default(),
         }
     }
@@ -123,12 +127,8 @@ impl Recommender {
 
     /// The filter every query of a run shares: held windows of the range, no lost ones,
     /// no MIG parents (their instances are the workloads).
-    fn base_filter(from_us: i64, to_us: i64) -> String {
-        let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
-        format!(
-            "{range} AND owner IS NOT NULL AND NOT gpu_lost AND gpu_uuid NOT IN \
-             (SELECT DISTINCT parent_gpu_uuid FROM gpu_samples WHERE {range} AND parent_gpu_uuid IS NOT NULL)"
-        )
+    fn base_filter(range: &str, parents: &BTreeSet<String>) -> String {
+        format!("{range} AND owner IS NOT NULL AND NOT gpu_lost{}", gpus_excluded_sql(parents))
     }
 
     /// Recommendations for `(to − window, to]`.
@@ -142,31 +142,50 @@ impl Recommender {
         // window asked for: 24 h of history under a 7 d window is 24 h of evidence.
         let covered_us = self.covered(from_us, to_us).await?.unwrap_or(window_us);
         let idle = self.ledger.idle_sql();
-        let filter = Self::base_filter(from_us, to_us);
+        let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
+        let parents = mig_parent_uuids(&self.engine, &range).await?;
+        let filter = Self::base_filter(&range, &parents);
+        let gpus = strings(
+            &self.engine,
+            &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {filter} ORDER BY gpu_uuid"),
+        )
+        .await?;
         let known = "(sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL)";
-        let per_gpu_sql = format!(
-            "SELECT gpu_uuid, owner_kind, owner, max(\"host\"), max(\"cluster\"), max(gpu_model), max(mig_profile), \
+        let per_gpu_sql = |slice: &str| {
+            format!(
+                "SELECT gpu_uuid, owner_kind, owner, max(\"host\"), max(\"cluster\"), max(gpu_model), max(mig_profile), \
              max(CAST(fb_total_bytes AS BIGINT)), \
              sum(window_s), sum(CASE WHEN {known} THEN window_s ELSE 0 END), sum(CASE WHEN {idle} THEN window_s ELSE 0 END), \
              approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(sm_active AS DOUBLE)), \
              approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(gpu_util AS DOUBLE)), \
              approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(fb_used_bytes AS DOUBLE)) \
-             FROM gpu_samples WHERE {filter} GROUP BY gpu_uuid, owner_kind, owner ORDER BY gpu_uuid, owner_kind, owner"
-        );
-        let owners_sql = format!(
-            "SELECT DISTINCT ON (gpu_uuid, owner_kind, owner) gpu_uuid, \"host\", {OWNER_COLUMNS_SQL} \
-             FROM gpu_samples WHERE {filter} ORDER BY gpu_uuid, owner_kind, owner, time DESC"
-        );
-        let spread_sql = format!(
-            "SELECT gpu_uuid, owner_kind, owner, avg(idle_share), stddev_pop(idle_share), avg(sm), stddev_pop(sm) FROM (\
+             FROM gpu_samples WHERE {slice} GROUP BY gpu_uuid, owner_kind, owner ORDER BY gpu_uuid, owner_kind, owner"
+            )
+        };
+        let owners_sql = |slice: &str| {
+            format!(
+                "SELECT DISTINCT ON (gpu_uuid, owner_kind, owner) gpu_uuid, \"host\", {OWNER_COLUMNS_SQL} \
+             FROM gpu_samples WHERE {slice} ORDER BY gpu_uuid, owner_kind, owner, time DESC"
+            )
+        };
+        let spread_sql = |slice: &str| {
+            format!(
+                "SELECT gpu_uuid, owner_kind, owner, avg(idle_share), stddev_pop(idle_share), avg(sm), stddev_pop(sm) FROM (\
              SELECT gpu_uuid, owner_kind, owner, date_bin(INTERVAL '1 minute', time - INTERVAL '1 microsecond') AS minute, \
              sum(CASE WHEN {idle} THEN window_s ELSE 0 END) / nullif(sum(CASE WHEN {known} THEN window_s ELSE 0 END), 0) AS idle_share, \
              avg(CAST(coalesce(sm_active, gpu_util) AS DOUBLE)) AS sm \
-             FROM gpu_samples WHERE {filter} GROUP BY 1, 2, 3, 4) GROUP BY 1, 2, 3"
-        );
-        let per_gpu = self.query(&per_gpu_sql).await?;
-        let owners = self.query(&owners_sql).await?;
-        let spread = self.query(&spread_sql).await?;
+             FROM gpu_samples WHERE {slice} GROUP BY 1, 2, 3, 4) GROUP BY 1, 2, 3"
+            )
+        };
+        let (mut per_gpu, mut owners, mut spread) = (Vec::new(), Vec::new(), Vec::new());
+        // A few GPUs at a time: memory follows the slice, not the fleet.
+        for chunk in gpus.chunks(self.settings.gpus_per_query.max(1)) {
+            let (Some(lo), Some(hi)) = (chunk.first(), chunk.last()) else { continue };
+            let slice = format!("{filter} AND gpu_uuid >= {} AND gpu_uuid <= {}", sql_str(lo), sql_str(hi));
+            per_gpu.extend(self.query(&per_gpu_sql(&slice)).await?);
+            owners.extend(self.query(&owners_sql(&slice)).await?);
+            spread.extend(self.query(&spread_sql(&slice)).await?);
+        }
 
         type Key = (String, String, String);
         let key_at = |b: &RecordBatch, r: usize| -> Key {

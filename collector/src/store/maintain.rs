@@ -17,7 +17,7 @@ use arrow_array::RecordBatch;
 use super::{Inner, TABLES, lock, now_us};
 use crate::compact::{self, JOURNAL, Plan, Policy};
 use crate::error::StoreError;
-use crate::persist::{self, PersistError, PersistOptions, PersistedFile};
+use crate::persist::{self, PersistError, PersistOptions, PersistedFile, StagedFile};
 use crate::schema::to_storage;
 
 /// A partition merged into one file.
@@ -112,7 +112,7 @@ impl Inner {
             delay_us: i64::try_from(self.config.compaction_delay.as_micros()).unwrap_or(i64::MAX),
             max_files: self.config.compaction_max_files.max(1),
         };
-        let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
+        let options = self.persist_options();
         for table in TABLES {
             let files = lock(&self.state).files.get(&table).cloned().unwrap_or_default();
             for plan in compact::plan(&files, now_us, policy) {
@@ -167,20 +167,58 @@ impl Inner {
         date: &str,
         batches: &[RecordBatch],
     ) -> Result<PersistedFile, StoreError> {
-        let bad = |detail: String| StoreError::Derived { table: table.name(), date: date.to_owned(), detail };
-        if table.shipped() {
-            return Err(bad("only derived tables are replaced".into()));
-        }
-        let day = crate::fsutil::parse_day(date).ok_or_else(|| bad("not a YYYY-MM-DD date".into()))?;
+        let (day, bad) = Self::derived_day(table, date)?;
         let storage = batches
             .iter()
             .map(|b| to_storage(table, b))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad(e.to_string()))?;
-        let _one_at_a_time = lock(&self.maintain_lock);
-        let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
-        let staged = persist::stage_day(&self.config.data_dir, table, date, day, &storage, &options)?
+        let staged = persist::stage_day(&self.config.data_dir, table, date, day, &storage, &self.persist_options())?
             .ok_or_else(|| bad(format!("rows outside the day in column {}", table.time_column())))?;
+        self.commit_replacement(table, date, staged)
+    }
+
+    /// [`Inner::replace_partition`] from rows already in persist order, written as they
+    /// come: the partition is never whole in memory.
+    pub(super) fn replace_partition_sorted<E: std::fmt::Display>(
+        &self,
+        table: Table,
+        date: &str,
+        parts: impl Iterator<Item = Result<RecordBatch, E>>,
+    ) -> Result<PersistedFile, StoreError> {
+        let (day, bad) = Self::derived_day(table, date)?;
+        let storage = parts.map(|part| {
+            let part = part.map_err(|e| PersistError::Rows(e.to_string()))?;
+            to_storage(table, &part).map_err(|e| PersistError::Rows(e.to_string()))
+        });
+        let staged = persist::stage_sorted(&self.config.data_dir, table, date, day, storage, &self.persist_options())
+            .map_err(|e| match e {
+            PersistError::Rows(detail) => bad(detail),
+            e => e.into(),
+        })?;
+        self.commit_replacement(table, date, staged)
+    }
+
+    /// The day of a derived table's partition, and how its errors read.
+    fn derived_day(table: Table, date: &str) -> Result<(i64, impl Fn(String) -> StoreError), StoreError> {
+        let owned = date.to_owned();
+        let bad = move |detail: String| StoreError::Derived { table: table.name(), date: owned.clone(), detail };
+        if table.shipped() {
+            return Err(bad("only derived tables are replaced".into()));
+        }
+        let day = crate::fsutil::parse_day(date).ok_or_else(|| bad("not a YYYY-MM-DD date".into()))?;
+        Ok((day, bad))
+    }
+
+    fn persist_options(&self) -> PersistOptions {
+        PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() }
+    }
+
+    /// Publishes `staged` in place of the partition's files, one replacement at a time.
+    /// Staging happens before the lock (it may take as long as its producer), so a long
+    /// materialization does not hold up compaction or retention.
+    fn commit_replacement(&self, table: Table, date: &str, staged: StagedFile) -> Result<PersistedFile, StoreError> {
+        let _one_at_a_time = lock(&self.maintain_lock);
         let partition = compact::partition_dir(&self.config.data_dir, table, date);
         // A previous replacement still in its grace: its old files go now, so the new
         // journal cannot hide its record of them.

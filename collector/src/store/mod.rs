@@ -323,6 +323,21 @@ impl Store {
         self.inner.replace_partition(table, date, batches)
     }
 
+    /// [`Store::replace_partition`] from wire batches already sorted by (`gpu_uuid`,
+    /// time) across all of them, written as they come (a producer on another thread can
+    /// feed it through a channel): memory is one batch, not the partition. A batch out of
+    /// order or outside the day, or an `Err` from `parts`, fails the replacement and the
+    /// stored partition stays as it was. The end of `parts` is the end of the partition,
+    /// so a producer that stops early must say so with an `Err`.
+    pub fn replace_partition_sorted<E: std::fmt::Display>(
+        &self,
+        table: Table,
+        date: &str,
+        parts: impl Iterator<Item = Result<RecordBatch, E>>,
+    ) -> Result<PersistedFile, StoreError> {
+        self.inner.replace_partition_sorted(table, date, parts)
+    }
+
     /// Batches in memory for `table` (storage schema), oldest first.
     pub fn snapshot(&self, table: Table) -> Vec<RecordBatch> {
         self.view(table).batches

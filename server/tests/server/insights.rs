@@ -446,7 +446,12 @@ async fn recommendations_match_the_price_books_arithmetic_with_replays() {
     let server = open(dir.path())
         .with_cost(cost(dir.path(), teams))
         .expect("cost")
-        .with_recommend(RecommendSettings { window: Duration::from_secs(3600), ..RecommendSettings::default() });
+        // One GPU per query: every figure is gathered slice by slice.
+        .with_recommend(RecommendSettings {
+            window: Duration::from_secs(3600),
+            gpus_per_query: 1,
+            ..RecommendSettings::default()
+        });
     let g = |host: &str, uuid: &str| ident(host, uuid, H100);
     let (r, p1, p2, x) = (g("node-0", "GPU-R"), g("node-2", "GPU-P1"), g("node-2", "GPU-P2"), g("node-4", "GPU-X"));
     let js: Vec<GpuIdentity> = (0..4).map(|i| g("node-1", &format!("GPU-J{i}"))).collect();

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use apron::config::RollupConfig;
 use apron::{Access, Server};
 use apron_collector::http::IngestOptions;
 use apron_collector::{IngestRequest, Store, StoreConfig, Table};
@@ -175,7 +176,8 @@ async fn plan(engine: &QueryEngine, sql: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_samples_1m_live_materialized_and_rerolled() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = open(dir.path());
+    // One GPU per slice: a day is written in two parts, in UUID order.
+    let server = open(dir.path()).with_rollup(RollupConfig { gpus_per_query: 1, ..RollupConfig::default() });
     let store = server.store().clone();
     let engine = server.engine().clone();
     let m = server.materializer();
