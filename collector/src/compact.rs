@@ -244,11 +244,11 @@ pub fn merge(
                 parts.extend(read_range(bytes, &lo, &hi)?);
             }
             // Sorted by (day, gpu_uuid, time): one day here, so (gpu_uuid, time). Only
-            // the keys are sorted; rows are gathered one row group at a time.
+            // the keys are sorted; rows are gathered a small chunk at a time.
             let order = SortedRows::of(plan.table, &parts)?;
             let sources = SortedRows::sources(&parts);
             for (_, positions) in order.days() {
-                for group in SortedRows::gather(&sources, positions, options.row_group_rows) {
+                for group in SortedRows::gather(&sources, positions) {
                     let group = group?;
                     rows += group.num_rows();
                     w.write(&group)?;

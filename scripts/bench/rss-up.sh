@@ -2,14 +2,14 @@
 # RSS of `apron up` on a new data directory (16 simulated GPUs, default 24 h seed),
 # sampled from /proc every second for DURATION seconds, then SIGTERM. Prints the peak,
 # the mean of the last minute, and the server's compaction and ledger log lines.
-#   BIN=target/release/apron DURATION=300 scripts/bench/rss-up.sh
+#   BIN=target/release/apron DURATION=300 [CONFIG=up.toml] scripts/bench/rss-up.sh
 set -euo pipefail
 BIN=${BIN:-target/release/apron}
 DURATION=${DURATION:-300}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 data="$OUT/data"
-"$BIN" up --http 127.0.0.1:0 --pg 127.0.0.1:0 --data "$data" >"$OUT/up.out" 2>"$OUT/up.log" &
+"$BIN" up ${CONFIG:+--config "$CONFIG"} --http 127.0.0.1:0 --pg 127.0.0.1:0 --data "$data" >"$OUT/up.out" 2>"$OUT/up.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 : >"$OUT/rss.tsv"
