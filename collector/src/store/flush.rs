@@ -12,7 +12,7 @@ use crate::checkpoint::{Checkpoint, Rename};
 use crate::dedup::DedupState;
 use crate::error::StoreError;
 use crate::memtable::Memtable;
-use crate::persist::{self, PersistOptions, PersistedFile, StagedFile};
+use crate::persist::{self, PersistedFile, StagedFile};
 
 /// After a failed background persist, wait this long (or the interval, if shorter)
 /// before trying again, however hard ingest pushes.
@@ -126,7 +126,7 @@ impl Inner {
 
     fn stage(&self, f: &Frozen) -> Result<Vec<StagedFile>, StoreError> {
         let data = &self.config.data_dir;
-        let options = PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() };
+        let options = self.persist_options();
         let mut staged = Vec::new();
         for table in f.memtable.tables() {
             match persist::stage_table(data, table, &f.memtable.snapshot(table), &options) {

@@ -210,7 +210,7 @@ impl Inner {
         Ok((day, bad))
     }
 
-    fn persist_options(&self) -> PersistOptions {
+    pub(super) fn persist_options(&self) -> PersistOptions {
         PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() }
     }
 
