@@ -24,6 +24,8 @@
 //! - [`schema`]: the storage schema (measurements as exact decimals/integers) and the
 //!   conversion from the wire schema.
 //! - [`memtable`]: batches per table since the last persist.
+//! - [`changes`]: per (table, day), the time span ingest wrote since a deriver last
+//!   looked, so derived tables are recomputed from new data only.
 //! - [`persist`]: sorted, encoded, day-partitioned Parquet files.
 //! - [`checkpoint`]: the atomic record of what is persisted (WAL point, dedup, renames).
 //! - [`store`]: the facade ([`Store`]) the HTTP layer calls; [`error`]: its errors with
@@ -35,6 +37,7 @@
 //! On-disk layout under `data_dir`: `LOCK`, `checkpoint.json`, `wal/<seq>.wal`,
 //! `<table>/date=YYYY-MM-DD/<uuid>.parquet`. See `README.md` for the formats.
 
+pub mod changes;
 pub mod checkpoint;
 pub mod compact;
 pub mod config;

@@ -728,3 +728,25 @@ fn ingest_waiting_rides_out_back_pressure_and_a_bad_budget_is_refused() {
     assert_eq!(rows(&store, Table::GpuSamples), expected(0..200));
     assert!(store.persisted_files(Table::GpuSamples).len() > 1);
 }
+
+/// The change feed reports what ingest wrote since the last take — rows that persist
+/// or compaction merely move are not reported again, refused bodies never.
+#[test]
+fn the_change_feed_reports_ingested_spans_once() {
+    use apron_collector::changes::TimeSpan;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(config(dir.path())).expect("open");
+    ingest(&store, "a", 0, &samples(0, 0.5)).expect("before anyone listens");
+    let feed = store.subscribe_changes();
+    ingest(&store, "a", 1, &samples(1, 0.5)).expect("ingest");
+    ingest(&store, "a", 2, &samples(2, 0.5)).expect("ingest");
+    assert!(ingest(&store, "a", 3, b"not arrow").is_err());
+    let day = T0.div_euclid(86_400_000_000);
+    let c = feed.take();
+    let want = TimeSpan { min_us: T0 + SECS * 1_000_000, max_us: T0 + (3 * SECS - 1) * 1_000_000 };
+    assert_eq!(c.day(Table::GpuSamples, day), Some(want));
+    assert_eq!(c.days(Table::GpuSamples).count(), 1);
+    store.persist_now().expect("persist");
+    store.maintain_now();
+    assert!(feed.take().is_empty(), "moving rows is not a change");
+}

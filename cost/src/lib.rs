@@ -23,6 +23,8 @@
 //! - [`classify`]: every second into exactly one of active, allocated idle, stranded,
 //!   unallocated idle, unallocated busy, unknown (+ under-used ⊂ active), per hour and
 //!   team; the incremental-recompute contract ([`classify::recompute_plan`]).
+//! - [`runs`]: allocation runs (one holder, no break longer than a window) → the
+//!   `allocations` rows.
 //! - [`cost`]: classified seconds × prices in force (split at price changes) → the money
 //!   columns of `gpu_cost_hourly`.
 //! - [`report`]: ISO weeks, the weekly finance report model (per team, unallocated line or
@@ -47,6 +49,7 @@ pub mod pricebook;
 pub mod recommend;
 pub mod replay;
 pub mod report;
+pub mod runs;
 pub mod team;
 pub mod time;
 
@@ -58,4 +61,5 @@ pub use cost::{CostRow, HourMoney, hourly_cost, interval_cost, price_segments};
 pub use money::{Cents, Micros, Ratio};
 pub use pricebook::{GpuKey, Lookup, PriceBook, PriceKind, Quote, Unpriced};
 pub use report::{HourlyRow, IsoWeek, ReportInput, ShareUnallocated, StrandedFact, WeeklyReport};
+pub use runs::{Run, contiguous, holder_runs};
 pub use team::{AllocationFacts, TeamConfig, UNASSIGNED};

@@ -282,10 +282,10 @@ fn is_data_error(e: &ArrowError) -> bool {
 fn arrow_data_error(e: &DataFusionError) -> Option<&ArrowError> {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(cur) = next {
-        if let Some(DataFusionError::ArrowError(a, _)) = cur.downcast_ref::<DataFusionError>() {
-            if is_data_error(a) {
-                return Some(a);
-            }
+        if let Some(DataFusionError::ArrowError(a, _)) = cur.downcast_ref::<DataFusionError>()
+            && is_data_error(a)
+        {
+            return Some(a);
         }
         if let Some(a) = cur.downcast_ref::<ArrowError>() {
             if is_data_error(a) {

@@ -1,27 +1,37 @@
 //! The cost ledger: `gpu_samples` windows (with who held each GPU) → the `allocations`
-//! and `gpu_cost_hourly` partitions, priced by the price book, recomputed when a day's
-//! inputs change.
+//! and `gpu_cost_hourly` partitions, priced by the price book, recomputed from new data
+//! only.
 //!
 //! ```text
 //!  every [cost] interval (default 5m), one pass at a time:
+//!    take the store's change feed: per (table, day), the span of row times ingested
 //!    for each UTC day D with raw gpu_samples (files or memtable) within raw retention:
-//!      dirty = rows of D−1..D+1 still in memory, or their raw files differ from
-//!              <data>/derived/cost.json, or the price book / thresholds changed
+//!      computed by this process (a memo; today and yesterday):
+//!        unseen = min(newest time read last time, earliest ingested time that can
+//!                 affect D)            — nothing: skip (a past day's open runs: refresh)
+//!        F      = floor_h(unseen − S)  — hours ≥ F are recomputed, earlier ones kept
+//!      otherwise (first pass since start-up, or the day's files / price book /
+//!      thresholds changed): F = D, the whole day
 //!      per GPU (MIG parents excluded: instances carry cost), windows in
-//!        (D − S, min(D + 1 d + S, now)]   S = the longest stranded_after (context)
-//!      → apron_cost::classify (holders from the owner columns, teams resolved in the
-//!        brief's order, static GPU/host maps as dedicated allocations)
-//!      → apron_cost::hourly_cost → gpu_cost_hourly rows of D's hours up to now
-//!      → runs of one holder that start in D → allocations rows (end_time from a
+//!        (F − S, min(D + 1 d + S, now)]   S = the longest stranded_after (context)
+//!      → apron_cost::classify over [F, now's hour] (holders from the owner columns,
+//!        teams resolved in the brief's order, static GPU/host maps as dedicated
+//!        allocations) → apron_cost::hourly_cost → gpu_cost_hourly rows
+//!      → apron_cost::holder_runs that start in D → allocations rows (end_time from a
 //!        forward look when the run outlives the window; NULL while still held;
-//!        held_through: the end of the run's newest window seen)
-//!      Store::replace_partition(gpu_cost_hourly, D) and (allocations, D)
+//!        held_through: the end of the run's newest window seen), merged with the
+//!        stored runs that began before the windows read
+//!      Store::replace_partition(gpu_cost_hourly, D) (kept hours + new) and (allocations, D)
 //! ```
 //!
 //! Why the context S: a window's state depends only on data within S of it (the
 //! classifier's `recompute_plan` proves it), so a day computed with S either side is
-//! exact. Money is exact micro-dollars from the classifier's exact microseconds; nothing
-//! is a float once classified. A GPU whose model has no price gets NULL money (reported,
+//! exact, and so are the hours from F on when nothing before `unseen` changed. A pass
+//! over today reads about 2·S plus an hour of windows per GPU instead of the whole day;
+//! `server/tests/server/incremental.rs` checks, on a 27-hour trace with late batches,
+//! silent and new GPUs, MIG and process owners, that the rows equal a whole computation.
+//! Money is exact micro-dollars from the classifier's exact microseconds; nothing is a
+//! float once classified. A GPU whose model has no price gets NULL money (reported,
 //! never $0).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,6 +39,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apron_collector::changes::{ChangeFeed, Changed};
 use apron_collector::{Store, Table};
 use apron_common::UnixMicros;
 use apron_cost::team::AllocationFacts;
@@ -87,7 +98,35 @@ pub(crate) fn humantime_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Resu
 pub struct LedgerReport {
     /// `(date, gpu_cost_hourly rows, allocations rows)` of the days recomputed.
     pub computed: Vec<(String, usize, usize)>,
+    /// How each day in `computed` was computed (same order).
+    pub plans: Vec<Plan>,
     pub errors: Vec<String>,
+}
+
+/// How much of a day a pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Nothing changed.
+    Nothing,
+    /// Every hour and allocation (first pass over the day since start-up, or its
+    /// inputs changed in a way the rows kept cannot absorb).
+    Whole,
+    /// The hours from `from_us` on, and the allocations they touch.
+    From(Incremental),
+    /// Only the open allocations of a past day (their holder may have let go since).
+    OpenRuns,
+}
+
+impl Plan {
+    /// For the log: `whole`, `from 14:00`, `open runs`.
+    pub fn describe(&self) -> String {
+        match self {
+            Plan::Nothing => "nothing".into(),
+            Plan::Whole => "whole".into(),
+            Plan::From(i) => format!("from {}", &UnixMicros(i.from_us).to_rfc3339()[11..16]),
+            Plan::OpenRuns => "open runs".into(),
+        }
+    }
 }
 
 /// `<data>/derived/cost.json`: per day, the raw files it was computed from.
@@ -107,7 +146,10 @@ pub struct Ledger {
     engine: Arc<QueryEngine>,
     config: CostConfig,
     book: Option<PriceBook>,
-    pass: tokio::sync::Mutex<()>,
+    /// One pass at a time; it holds the memos of the recent days it computed.
+    pass: tokio::sync::Mutex<BTreeMap<i64, DayMemo>>,
+    /// What ingest wrote since the last pass.
+    feed: ChangeFeed,
     /// Asks the running loop for a pass now (e.g. when a backfill has landed).
     kick: tokio::sync::Notify,
 }
@@ -168,15 +210,71 @@ pub(crate) struct Resolved {
     pub(crate) interruptible: bool,
 }
 
-/// One GPU's windows of the context range.
-struct GpuWindows {
+/// Where a GPU is and what it is: from its first window in a day's range.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct GpuMeta {
     host: String,
     cluster: Option<String>,
     model: String,
     mig_profile: Option<String>,
+}
+
+/// One GPU's windows of the context range.
+struct GpuWindows {
+    meta: GpuMeta,
     windows: Vec<Window>,
     holders: Vec<Resolved>,
 }
+
+/// What this process remembers of a recent day it computed, so the next pass can
+/// recompute only the hours that new data can change. Lost on restart (the first pass
+/// then computes the day whole, as without it); one entry per GPU, for two days.
+#[derive(Debug, Clone, Default)]
+struct DayMemo {
+    /// The data bound (newest window time read) and the hours bound of the last
+    /// computation.
+    hi_us: i64,
+    to_us: i64,
+    /// GPUs (and MIG parents with windows of their own) seen in the day's range, with
+    /// their first window's metadata: a GPU listed here gets rows for every hour even
+    /// when it has no window in the part read again (its hours are then unknown).
+    meta: BTreeMap<String, GpuMeta>,
+    /// MIG parents and their instances (uuid, profile) seen in the day's range.
+    parents: BTreeMap<String, BTreeSet<(String, Option<String>)>>,
+    /// `allocations` rows of the day left open (`end_time` NULL).
+    open: usize,
+}
+
+/// Hours `[from_us, to)` of a day are recomputed; everything before is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Incremental {
+    pub from_us: i64,
+    /// Every window and process sample older than this was read by the computation
+    /// whose rows are stored.
+    pub unseen_from_us: i64,
+}
+
+/// How a day's computation failed.
+enum DayError {
+    /// What changed cannot be applied to the stored rows (a GPU became a MIG parent):
+    /// compute the day whole.
+    NeedsFull,
+    Failed(String),
+}
+
+impl From<String> for DayError {
+    fn from(e: String) -> DayError {
+        DayError::Failed(e)
+    }
+}
+
+/// The memos kept: today's and yesterday's (late data for older days is rare, and the
+/// first pass over them computes them whole).
+const MEMO_DAYS: i64 = 2;
+
+/// An open allocation whose newest window is older than this is over (the agent
+/// reports a holder every window, so silence means the job is gone or the node is).
+const OPEN_RUN_STALE_US: i64 = 10 * 60_000_000;
 
 /// A SQL string literal.
 pub(crate) fn sql_str(s: &str) -> String {
@@ -229,7 +327,16 @@ impl Ledger {
         };
         config.classify.validate().map_err(|e| format!("[cost.classify]: {e}"))?;
         config.teams.validate().map_err(|e| format!("[cost.teams]: {e}"))?;
-        Ok(Ledger { store, engine, config, book, pass: tokio::sync::Mutex::new(()), kick: tokio::sync::Notify::new() })
+        let feed = store.subscribe_changes();
+        Ok(Ledger {
+            store,
+            engine,
+            config,
+            book,
+            pass: tokio::sync::Mutex::new(BTreeMap::new()),
+            feed,
+            kick: tokio::sync::Notify::new(),
+        })
     }
 
     /// Asks the running loop ([`Ledger::run`]) for a pass as soon as it can.
@@ -276,7 +383,10 @@ impl Ledger {
 
     /// One pass as if the clock read `now_us`.
     pub async fn run_once(&self, now_us: i64) -> LedgerReport {
-        let _one_pass = self.pass.lock().await;
+        let mut memos = self.pass.lock().await;
+        // Taken before anything is read: a row written from here on is either read by
+        // this pass or reported to the next one (or both).
+        let changed = self.feed.take();
         let mut report = LedgerReport::default();
         let path = self.state_path();
         let mut state: LedgerState =
@@ -284,6 +394,7 @@ impl Ledger {
         let key = self.key();
         if state.key != key {
             state = LedgerState { key, days: BTreeMap::new() };
+            memos.clear();
         }
         let raw = match TableSource::snapshot(self.store.as_ref(), Table::GpuSamples.name()) {
             Ok(r) => r,
@@ -308,6 +419,8 @@ impl Ledger {
         }
         let retention = i64::try_from(self.store.config().retention_raw.as_micros()).unwrap_or(i64::MAX);
         let oldest = now_us.saturating_sub(retention).div_euclid(DAY_US);
+        let today = now_us.div_euclid(DAY_US);
+        memos.retain(|d, _| *d > today - MEMO_DAYS);
         let days: BTreeSet<i64> =
             files.keys().chain(in_memory.iter()).copied().filter(|&d| d >= oldest && d * DAY_US <= now_us).collect();
         // Newest first: today's and yesterday's hours are what people look at first (a
@@ -316,22 +429,45 @@ impl Ledger {
             let signature: Vec<(String, u64)> =
                 (day - 1..=day + 1).flat_map(|d| files.get(&d).cloned().unwrap_or_default()).collect();
             let memory = (day - 1..=day + 1).any(|d| in_memory.contains(&d));
-            // Today is never final: its hours advance with the clock.
-            let today = day == now_us.div_euclid(DAY_US);
-            if !memory && !today && state.days.get(&day) == Some(&signature) {
-                continue;
-            }
+            let memo = memos.remove(&day);
+            let plan = match &memo {
+                // Computed by this process: only what changed since, from the feed.
+                Some(m) => match self.plan(day, now_us, m, &changed) {
+                    Plan::Nothing => {
+                        memos.insert(day, memo.unwrap_or_default());
+                        continue;
+                    }
+                    p => p,
+                },
+                // Not since start-up: whole, when its inputs differ from what the
+                // stored rows were computed from. Today is never final: its hours
+                // advance with the clock.
+                None if !memory && day != today && state.days.get(&day) == Some(&signature) => continue,
+                None => Plan::Whole,
+            };
             let date = crate::derive::date_string(day);
             let started = std::time::Instant::now();
-            match self.compute_day(day, now_us).await {
-                Ok((cost_rows, alloc_rows)) => {
-                    tracing::info!(%date, cost_rows, alloc_rows, elapsed_ms = started.elapsed().as_millis() as u64, "computed gpu_cost_hourly and allocations");
+            let mut result = self.compute_day(day, now_us, plan, memo.clone()).await;
+            if matches!(result, Err(DayError::NeedsFull)) {
+                result = self.compute_day(day, now_us, Plan::Whole, None).await;
+            }
+            match result {
+                Ok((cost_rows, alloc_rows, memo)) => {
+                    let elapsed_ms = started.elapsed().as_millis() as u64;
+                    let how = plan.describe();
+                    tracing::info!(%date, %how, cost_rows, alloc_rows, elapsed_ms, "computed gpu_cost_hourly and allocations");
                     report.computed.push((date, cost_rows, alloc_rows));
+                    report.plans.push(plan);
                     if !memory {
                         state.days.insert(day, signature);
                     }
+                    if day > today - MEMO_DAYS {
+                        memos.insert(day, memo);
+                    }
                 }
-                Err(e) => {
+                Err(DayError::NeedsFull) => report.errors.push(format!("{date}: could not be computed whole")),
+                Err(DayError::Failed(e)) => {
+                    // No memo: the next pass computes the day whole, whatever it missed.
                     tracing::warn!(%date, error = %e, "cost ledger: day failed; retried at the next pass");
                     report.errors.push(format!("{date}: {e}"));
                 }
@@ -344,52 +480,222 @@ impl Ledger {
         report
     }
 
+    /// What a day computed by this process needs now. A change at `t` can alter the
+    /// state of instants within S of it (`apron_cost::recompute_plan`), so hours from
+    /// `floor_h(t − S)` on are recomputed; data newer than the last computation's bound
+    /// counts as changed. Process samples speak for windows after them, so they count
+    /// at their own time.
+    fn plan(&self, day: i64, now_us: i64, memo: &DayMemo, changed: &Changed) -> Plan {
+        let s = self.config.classify.max_stranded_after_us();
+        let (day_start, day_end) = (day * DAY_US, (day + 1) * DAY_US);
+        let hi = (day_end + s).min(now_us.max(day_start));
+        let to_us = day_end.min(apron_cost::time::hour_ceil(now_us)).max(day_start);
+        let mut unseen = memo.hi_us;
+        for table in [Table::GpuSamples, Table::GpuProcesses] {
+            for d in day - 1..=day + 1 {
+                if let Some(span) = changed.day(table, d)
+                    && span.max_us > day_start - s - PROCESS_SAMPLE_REACH_US
+                    && span.min_us <= hi
+                {
+                    unseen = unseen.min(span.min_us);
+                }
+            }
+        }
+        if unseen >= hi && hi == memo.hi_us && to_us == memo.to_us {
+            // Nothing new can change the hours; open allocations of a past day still
+            // follow their holder into the next one.
+            return if memo.open > 0 && hi < now_us { Plan::OpenRuns } else { Plan::Nothing };
+        }
+        let from_us = apron_cost::time::hour_floor(unseen.saturating_sub(s)).max(day_start);
+        if from_us == day_start {
+            return Plan::Whole;
+        }
+        Plan::From(Incremental { from_us: from_us.min(to_us), unseen_from_us: unseen })
+    }
+
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
         self.engine.execute_internal(sql).await.map(|r| r.batches).map_err(|e| format!("{e} (in: {sql})"))
     }
 
-    /// Recomputes day `day`'s partitions of `gpu_cost_hourly` and `allocations`.
-    async fn compute_day(&self, day: i64, now_us: i64) -> Result<(usize, usize), String> {
+    /// Recomputes day `day`'s partitions of `gpu_cost_hourly` and `allocations` as
+    /// `plan` says, starting from `memo` (what this process knew of the day; `None` for
+    /// a whole computation). Returns the rows written and the day's new memo.
+    async fn compute_day(
+        &self,
+        day: i64,
+        now_us: i64,
+        plan: Plan,
+        memo: Option<DayMemo>,
+    ) -> Result<(usize, usize, DayMemo), DayError> {
         let s = self.config.classify.max_stranded_after_us();
         let day_start = day * DAY_US;
         let day_end = day_start + DAY_US;
-        let (lo, hi) = (day_start - s, (day_end + s).min(now_us.max(day_start)));
+        let hi = (day_end + s).min(now_us.max(day_start));
         // Hours of D up to the current hour's end.
         let to_us = day_end.min(apron_cost::time::hour_ceil(now_us)).max(day_start);
-        let range = format!("time > {} AND time <= {}", ts(lo), ts(hi));
-        let parents = mig_parent_uuids(&self.engine, &range).await?;
-        let gpus = strings(
-            &self.engine,
-            &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid"),
-        )
-        .await?;
+        let date = crate::derive::date_string(day);
+        let inc = match (plan, memo) {
+            (Plan::From(i), Some(m)) => Some((i, m)),
+            (Plan::OpenRuns, Some(m)) => return self.refresh_open_runs(day, hi, now_us, m).await,
+            _ => None,
+        };
+        let from_us = inc.as_ref().map_or(day_start, |(i, _)| i.from_us);
+        let (lo, full_lo) = (from_us - s, day_start - s);
+        let range = range_sql(lo, hi);
+        let mut memo = inc.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
+        let unseen = inc.as_ref().map(|(i, _)| i.unseen_from_us);
+
+        // MIG: an instance seen for the first time changes its parent's free share for
+        // the whole day, so such a parent is recomputed whole.
+        let mut regrown = BTreeSet::new();
+        for (parent, instances) in self.mig_instances(&range).await? {
+            let known = memo.parents.contains_key(&parent);
+            if unseen.is_some() && !known && memo.meta.contains_key(&parent) {
+                // Priced as a GPU of its own until now.
+                return Err(DayError::NeedsFull);
+            }
+            let set = memo.parents.entry(parent.clone()).or_default();
+            let before = set.len();
+            set.extend(instances);
+            if set.len() != before {
+                regrown.insert(parent);
+            }
+        }
+        let mut gpus: BTreeSet<String> = memo.meta.keys().cloned().collect();
+        gpus.extend(strings(&self.engine, &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range}")).await?);
         let mut cost = CostRows::default();
         let mut allocs = AllocRows::default();
-        for uuid in gpus.iter().filter(|g| !parents.contains(*g)) {
-            let g = self.gpu_windows(uuid, &range).await?;
-            if g.windows.is_empty() {
-                continue;
-            }
-            self.cost_rows(uuid, &g, day_start, to_us, &mut cost)?;
-            self.allocation_rows(uuid, &g, day_start, day_end, hi, now_us, &mut allocs).await?;
+        let (mut kept_cost, mut stored) = (Vec::new(), BTreeMap::new());
+        if inc.is_some() {
+            kept_cost = self.stored_cost_rows(day_start, from_us, &regrown).await?;
+            stored = self.stored_allocations(day_start, day_end).await?;
         }
-        self.mig_parents(&range, day_start, to_us, &mut cost).await?;
-        let date = crate::derive::date_string(day);
-        let (n_cost, n_alloc) = (cost.len(), allocs.len());
-        let cost_batch = cost.finish()?;
+        for uuid in gpus.iter().filter(|g| !memo.parents.contains_key(*g)) {
+            let known = memo.meta.get(uuid).cloned();
+            let g = self.gpu_windows(uuid, lo, hi, known.as_ref()).await?;
+            // A GPU seen for the first time had no window before the part read: its
+            // earlier hours (unknown) are new rows too.
+            let mut from = from_us;
+            if known.is_none() {
+                if g.windows.is_empty() {
+                    continue;
+                }
+                memo.meta.insert(uuid.clone(), g.meta.clone());
+                from = day_start;
+            }
+            if from < to_us {
+                self.cost_rows(uuid, &g, from, to_us, &mut cost)?;
+            }
+            let kept = stored.remove(uuid).unwrap_or_default();
+            let day_span = (day_start, day_end);
+            self.allocation_rows(uuid, &g, day_span, (hi, now_us), unseen, kept, &mut allocs).await?;
+        }
+        // Rows of GPUs that are MIG parents now (none had windows again): kept as they are.
+        allocs.rows.extend(stored.into_values().flatten());
+        for parent in memo.parents.keys().cloned().collect::<Vec<_>>() {
+            let whole = unseen.is_none() || regrown.contains(&parent);
+            let (from, lo) = if whole { (day_start, full_lo) } else { (from_us, lo) };
+            if from < to_us {
+                self.mig_parent_rows(&parent, &mut memo, lo, hi, from, to_us, &mut cost).await?;
+            }
+        }
+        memo.hi_us = hi;
+        memo.to_us = to_us;
+        memo.open = allocs.rows.iter().filter(|r| r.end.is_none()).count();
+        let (n_cost, n_alloc) = (cost.len() + kept_cost.iter().map(RecordBatch::num_rows).sum::<usize>(), allocs.len());
+        kept_cost.push(cost.finish()?);
         let alloc_batch = allocs.finish()?;
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
-            store.replace_partition(Table::GpuCostHourly, &date, &[cost_batch])?;
+            store.replace_partition(Table::GpuCostHourly, &date, &kept_cost)?;
             store.replace_partition(Table::Allocations, &date, &[alloc_batch])
         })
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("storing: {e}"))?;
-        Ok((n_cost, n_alloc))
+        Ok((n_cost, n_alloc, memo))
     }
 
-    async fn gpu_windows(&self, uuid: &str, range: &str) -> Result<GpuWindows, String> {
+    /// A past day with nothing new in its range whose open allocations may have ended
+    /// (or grown) in the next day: those rows alone are looked up again.
+    async fn refresh_open_runs(
+        &self,
+        day: i64,
+        hi: i64,
+        now_us: i64,
+        mut memo: DayMemo,
+    ) -> Result<(usize, usize, DayMemo), DayError> {
+        let (day_start, day_end) = (day * DAY_US, (day + 1) * DAY_US);
+        let mut allocs = AllocRows::default();
+        for (uuid, rows) in self.stored_allocations(day_start, day_end).await? {
+            for mut r in rows {
+                if r.end.is_none() {
+                    (r.end, r.held_through) =
+                        self.run_end_at_list_end(&uuid, &r.owner_kind, &r.owner, r.held_through, hi, now_us).await?;
+                }
+                allocs.rows.push(r);
+            }
+        }
+        memo.open = allocs.rows.iter().filter(|r| r.end.is_none()).count();
+        let n = allocs.len();
+        let batch = allocs.finish()?;
+        let (store, date) = (self.store.clone(), crate::derive::date_string(day));
+        tokio::task::spawn_blocking(move || store.replace_partition(Table::Allocations, &date, &[batch]))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("storing: {e}"))?;
+        Ok((0, n, memo))
+    }
+
+    /// The stored `gpu_cost_hourly` rows of the day's hours before `before_us`, except
+    /// those of `skip`, in the table's schema.
+    async fn stored_cost_rows(
+        &self,
+        day_start: i64,
+        before_us: i64,
+        skip: &BTreeSet<String>,
+    ) -> Result<Vec<RecordBatch>, String> {
+        let schema = Table::GpuCostHourly.schema();
+        let cols: Vec<String> = schema.fields().iter().map(|f| format!("\"{}\"", f.name())).collect();
+        let skip: BTreeSet<String> = skip.clone();
+        let sql = format!(
+            "SELECT {} FROM gpu_cost_hourly WHERE hour >= {} AND hour < {}{}",
+            cols.join(", "),
+            ts(day_start),
+            ts(before_us),
+            gpus_excluded_sql(&skip)
+        );
+        self.query(&sql).await?.iter().map(|b| conform(b, &schema)).collect()
+    }
+
+    /// The stored `allocations` rows that start in the day, per GPU, oldest first.
+    async fn stored_allocations(
+        &self,
+        day_start: i64,
+        day_end: i64,
+    ) -> Result<BTreeMap<String, Vec<AllocRow>>, String> {
+        let schema = Table::Allocations.schema();
+        let cols: Vec<String> = schema.fields().iter().map(|f| format!("\"{}\"", f.name())).collect();
+        let sql = format!(
+            "SELECT {} FROM allocations WHERE start_time >= {} AND start_time < {} ORDER BY gpu_uuid, start_time",
+            cols.join(", "),
+            ts(day_start),
+            ts(day_end)
+        );
+        let mut out: BTreeMap<String, Vec<AllocRow>> = BTreeMap::new();
+        for b in self.query(&sql).await? {
+            let b = conform(&b, &schema)?;
+            for r in AllocRow::read(&b) {
+                out.entry(r.gpu_uuid.clone()).or_default().push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One GPU's windows in `(lo, hi]` with their holders resolved; its metadata is
+    /// `known` (the first window of the day's range) or the first window read.
+    async fn gpu_windows(&self, uuid: &str, lo: i64, hi: i64, known: Option<&GpuMeta>) -> Result<GpuWindows, String> {
+        let range = range_sql(lo, hi);
         let batches = self
             .query(&format!(
                 // Quoted: `cluster` is an SQL keyword.
@@ -399,14 +705,7 @@ impl Ledger {
                 sql_str(uuid)
             ))
             .await?;
-        let mut g = GpuWindows {
-            host: String::new(),
-            cluster: None,
-            model: String::new(),
-            mig_profile: None,
-            windows: Vec::new(),
-            holders: Vec::new(),
-        };
+        let mut g = GpuWindows { meta: known.cloned().unwrap_or_default(), windows: Vec::new(), holders: Vec::new() };
         let mut index: BTreeMap<Owner, HolderId> = BTreeMap::new();
         for b in &batches {
             let time = b.column(0).as_primitive::<TimestampMicrosecondType>();
@@ -416,17 +715,19 @@ impl Ledger {
             let s = |i: usize| b.column(i).as_string::<i32>();
             let opt = |i: usize, r: usize| (!s(i).is_null(r)).then(|| s(i).value(r).to_owned());
             for r in 0..b.num_rows() {
-                if g.host.is_empty() {
-                    g.host = s(5).value(r).to_owned();
-                    g.cluster = opt(6, r);
-                    g.model = s(7).value(r).to_owned();
-                    g.mig_profile = opt(8, r);
+                if g.meta.host.is_empty() {
+                    g.meta = GpuMeta {
+                        host: s(5).value(r).to_owned(),
+                        cluster: opt(6, r),
+                        model: s(7).value(r).to_owned(),
+                        mig_profile: opt(8, r),
+                    };
                 }
                 let val = |a: &datafusion::arrow::array::Float64Array| (!a.is_null(r)).then(|| a.value(r));
                 let owner = match owner_at(b, 9, r) {
                     Some(o) => Some(o),
                     // Nobody holds it: a static map entry is a dedicated allocation.
-                    None => self.static_owner(uuid, &g.host),
+                    None => self.static_owner(uuid, &g.meta.host),
                 };
                 let holder = match owner {
                     None => None,
@@ -434,7 +735,7 @@ impl Ledger {
                         Some(id) => *id,
                         None => {
                             let id = HolderId(g.holders.len());
-                            g.holders.push(self.resolve(uuid, &g.host, o.clone()));
+                            g.holders.push(self.resolve(uuid, &g.meta.host, o.clone()));
                             index.insert(o, id);
                             id
                         }
@@ -450,7 +751,10 @@ impl Ledger {
                 });
             }
         }
-        self.process_owners(uuid, range, &mut g, &mut index).await?;
+        // A process sample speaks for the windows after it, so the first windows read
+        // need the samples just before them.
+        let process_range = range_sql(lo.saturating_sub(PROCESS_SAMPLE_REACH_US), hi);
+        self.process_owners(uuid, &process_range, &mut g, &mut index).await?;
         Ok(g)
     }
 
@@ -512,7 +816,7 @@ impl Ledger {
                 Some(id) => *id,
                 None => {
                     let id = HolderId(g.holders.len());
-                    g.holders.push(self.resolve(uuid, &g.host, owner.clone()));
+                    g.holders.push(self.resolve(uuid, &g.meta.host, owner.clone()));
                     index.insert(owner, id);
                     id
                 }
@@ -521,46 +825,71 @@ impl Ledger {
         Ok(())
     }
 
-    /// MIG: instances carry cost and state (they are GPUs of their own above); the
-    /// parent's capacity that no instance holds is the parent's unallocated idle,
-    /// priced at its compute share — `(7 − Σ instance slices)/7` of the parent's price
-    /// (the price book's n/7 rule, through the profile `"<free>g.unallocated"`). The
-    /// parent's own activity fields describe its instances, so they are not classified.
-    async fn mig_parents(&self, range: &str, from: i64, to: i64, out: &mut CostRows) -> Result<(), String> {
+    /// MIG parents in `range` and their instances (uuid, profile).
+    async fn mig_instances(&self, range: &str) -> Result<BTreeMap<String, BTreeSet<(String, Option<String>)>>, String> {
         let batches = self
             .query(&format!(
                 "SELECT DISTINCT parent_gpu_uuid, gpu_uuid, mig_profile FROM gpu_samples \
-                 WHERE {range} AND parent_gpu_uuid IS NOT NULL ORDER BY parent_gpu_uuid, gpu_uuid"
+                 WHERE {range} AND parent_gpu_uuid IS NOT NULL"
             ))
             .await?;
-        let mut slices: BTreeMap<String, u32> = BTreeMap::new();
+        let mut out: BTreeMap<String, BTreeSet<(String, Option<String>)>> = BTreeMap::new();
         for b in &batches {
-            let (parent, profile) = (b.column(0).as_string::<i32>(), b.column(2).as_string::<i32>());
+            let (parent, uuid, profile) =
+                (b.column(0).as_string::<i32>(), b.column(1).as_string::<i32>(), b.column(2).as_string::<i32>());
             for r in 0..b.num_rows() {
-                let n = (!profile.is_null(r)).then(|| apron_cost::pricebook::mig_slices(profile.value(r))).flatten();
-                *slices.entry(parent.value(r).to_owned()).or_default() += u32::from(n.unwrap_or(0));
+                let p = (!profile.is_null(r)).then(|| profile.value(r).to_owned());
+                out.entry(parent.value(r).to_owned()).or_default().insert((uuid.value(r).to_owned(), p));
             }
         }
-        for (parent, used) in slices {
-            let free = 7u32.saturating_sub(used);
-            if free == 0 {
-                continue;
-            }
-            let mut g = self.gpu_windows(&parent, range).await?;
+        Ok(out)
+    }
+
+    /// MIG: instances carry cost and state (they are GPUs of their own above); the
+    /// parent's capacity that no instance holds is the parent's unallocated idle,
+    /// priced at its compute share — `(7 − Σ instance slices)/7` of the parent's price
+    /// (the price book's n/7 rule, through the profile `"<free>g.unallocated"`), the
+    /// instances being all those seen in the day's range. The parent's own activity
+    /// fields describe its instances, so they are not classified.
+    #[allow(clippy::too_many_arguments)]
+    async fn mig_parent_rows(
+        &self,
+        parent: &str,
+        memo: &mut DayMemo,
+        lo: i64,
+        hi: i64,
+        from: i64,
+        to: i64,
+        out: &mut CostRows,
+    ) -> Result<(), String> {
+        let used: u32 = memo.parents.get(parent).map_or(0, |set| {
+            set.iter()
+                .map(|(_, p)| u32::from(p.as_deref().and_then(apron_cost::pricebook::mig_slices).unwrap_or(0)))
+                .sum()
+        });
+        let free = 7u32.saturating_sub(used);
+        if free == 0 {
+            return Ok(());
+        }
+        let known = memo.meta.get(parent).cloned();
+        let mut g = self.gpu_windows(parent, lo, hi, known.as_ref()).await?;
+        let mut from = from;
+        if known.is_none() {
             if g.windows.is_empty() {
-                continue;
+                return Ok(());
             }
-            g.holders.clear();
-            for w in &mut g.windows {
-                w.holder = None;
-                w.sm_active_max = Some(0.0);
-                w.gpu_util_max = Some(0.0);
-                w.sm_active_mean = Some(0.0);
-            }
-            g.mig_profile = Some(format!("{free}g.unallocated"));
-            self.cost_rows(&parent, &g, from, to, out)?;
+            memo.meta.insert(parent.to_owned(), g.meta.clone());
+            from = day_start_of(from);
         }
-        Ok(())
+        g.holders.clear();
+        for w in &mut g.windows {
+            w.holder = None;
+            w.sm_active_max = Some(0.0);
+            w.gpu_util_max = Some(0.0);
+            w.sm_active_mean = Some(0.0);
+        }
+        g.meta.mig_profile = Some(format!("{free}g.unallocated"));
+        self.cost_rows(parent, &g, from, to, out)
     }
 
     pub(crate) fn static_owner(&self, uuid: &str, host: &str) -> Option<Owner> {
@@ -609,7 +938,8 @@ impl Ledger {
             g.holders.iter().map(|h| Holder { team: h.team.clone(), workload_kind: h.workload_kind.clone() }).collect();
         let classified = apron_cost::classify(&g.windows, &holders, &self.config.classify, from, to)
             .map_err(|e| format!("classifying {uuid}: {e}"))?;
-        let key = GpuKey { model_name: &g.model, mig_profile: g.mig_profile.as_deref(), cluster: g.cluster.as_deref() };
+        let m = &g.meta;
+        let key = GpuKey { model_name: &m.model, mig_profile: m.mig_profile.as_deref(), cluster: m.cluster.as_deref() };
         match &self.book {
             Some(book) => {
                 for row in
@@ -627,63 +957,119 @@ impl Ledger {
         Ok(())
     }
 
-    /// Runs of one holder that start in `[day_start, day_end)`.
+    /// The `allocations` rows of one GPU: runs of one holder that start in the day.
+    ///
+    /// Incremental (`unseen` is `Some`): `g` holds only the windows from just before the
+    /// recomputed hours and `kept` the GPU's stored rows. Stored runs that started
+    /// before the first window read stay; the first run read is the continuation of the
+    /// stored run that already covered its first window, if any (same holder), and
+    /// keeps that run's start; if no stored row covers a window that was read before,
+    /// its run began before the day. Stored runs still open are closed when a later
+    /// window exists or the holder went silent, as a whole computation would.
     #[allow(clippy::too_many_arguments)]
     async fn allocation_rows(
         &self,
         uuid: &str,
         g: &GpuWindows,
-        day_start: i64,
-        day_end: i64,
-        fetched_to: i64,
-        now_us: i64,
+        (day_start, day_end): (i64, i64),
+        (hi, now_us): (i64, i64),
+        unseen: Option<i64>,
+        mut kept: Vec<AllocRow>,
         out: &mut AllocRows,
     ) -> Result<(), String> {
         let w = &g.windows;
-        let mut i = 0;
-        while i < w.len() {
-            let Some(h) = w[i].holder else {
-                i += 1;
+        let cut = w.first().map_or(i64::MAX, |x| x.end_us - x.window_us);
+        // A stored run that starts with the first window read is found again below.
+        kept.retain(|r| r.start <= cut);
+        for run in apron_cost::holder_runs(w) {
+            let resolved = &g.holders[run.holder.0];
+            let mut start = run.start_us(w);
+            if let (Some(unseen), 0) = (unseen, run.first) {
+                let first_end = w[0].end_us;
+                match kept.iter().rposition(|r| r.same_holder(resolved) && r.held_through >= first_end) {
+                    Some(k) => start = kept.remove(k).start,
+                    None if first_end < unseen => continue,
+                    None => {}
+                }
+            }
+            if !(day_start..day_end).contains(&start) {
                 continue;
+            }
+            let last = run.last_end_us(w);
+            let (end, held) = if run.last + 1 < w.len() {
+                (Some(last), last)
+            } else {
+                self.run_end_at_list_end(uuid, &resolved.owner.kind, &resolved.owner.owner, last, hi, now_us).await?
             };
-            let mut j = i;
-            // A run: consecutive windows of one holder with no gap longer than a window.
-            while j + 1 < w.len()
-                && w[j + 1].holder == Some(h)
-                && w[j + 1].end_us - w[j + 1].window_us <= w[j].end_us + w[j].window_us
-            {
-                j += 1;
-            }
-            let start = w[i].end_us - w[i].window_us;
-            if (day_start..day_end).contains(&start)
-                && !(i > 0 && w[i - 1].holder == Some(h) && start - w[i - 1].end_us <= w[i].window_us)
-            {
-                let resolved = &g.holders[h.0];
-                let last = w[j].end_us;
-                let (end, held) = if j + 1 < w.len() {
-                    (Some(last), last)
-                } else if fetched_to < now_us {
-                    self.run_end(uuid, &resolved.owner, fetched_to).await?
-                } else {
-                    (None, last)
-                };
-                let end = match end {
-                    // Held to the newest data: still held unless the data is old.
-                    None if j + 1 == w.len() && fetched_to >= now_us && now_us - last > 10 * 60_000_000 => Some(last),
-                    e => e,
-                };
-                out.push(uuid, g, (start, end, held), resolved);
-            }
-            i = j + 1;
+            out.rows.push(AllocRow::new(uuid, g, (start, end, held), resolved));
         }
+        for mut r in kept {
+            if r.end.is_none() {
+                (r.end, r.held_through) = if w.is_empty() {
+                    self.run_end_at_list_end(uuid, &r.owner_kind, &r.owner, r.held_through, hi, now_us).await?
+                } else {
+                    // Windows came after it: it ended with its newest window.
+                    let last = self.last_window_of(uuid, &r, cut).await?;
+                    (Some(last), last)
+                };
+            }
+            out.rows.push(r);
+        }
+        out.rows.sort_by(|a, b| (&a.gpu_uuid, a.start).cmp(&(&b.gpu_uuid, b.start)));
         Ok(())
     }
 
-    /// The end of a run that continues past `after`: the last window of the same owner
-    /// before the first window of another owner (or none; `None` while still held), and
-    /// the end of the newest window of the run seen (its `held_through`).
-    async fn run_end(&self, uuid: &str, owner: &Owner, after: i64) -> Result<(Option<i64>, i64), String> {
-        let same = format!("owner_kind = {} AND owner = {}", sql_str(&owner.kind), sql_str(&owner.owner));
+    /// End and `held_through` of a run whose newest window read (ending at `last`) is
+    /// the last one read, the data read ending at `hi`: past `hi` (a day before today)
+    /// the next day's windows say; otherwise it is still held, unless its holder has
+    /// been silent too long.
+    async fn run_end_at_list_end(
+        &self,
+        uuid: &str,
+        kind: &str,
+        owner: &str,
+        last: i64,
+        hi: i64,
+        now_us: i64,
+    ) -> Result<(Option<i64>, i64), String> {
+        if hi < now_us {
+            return self.run_end(uuid, kind, owner, hi, last, now_us).await;
+        }
+        Ok(if now_us - last > OPEN_RUN_STALE_US { (Some(last), last) } else { (None, last) })
+    }
+
+    /// The end of the newest window of `r`'s holder before `before` (an open stored run
+    /// that later windows closed; its `held_through` may have been a bound, not a window).
+    async fn last_window_of(&self, uuid: &str, r: &AllocRow, before: i64) -> Result<i64, String> {
+        let sql = format!(
+            "SELECT max(time) FROM gpu_samples WHERE gpu_uuid = {} AND time >= {} AND time <= {} \
+             AND owner_kind = {} AND owner = {}",
+            sql_str(uuid),
+            ts(r.start),
+            ts(before),
+            sql_str(&r.owner_kind),
+            sql_str(&r.owner)
+        );
+        Ok(first_ts(&self.query(&sql).await?).unwrap_or(r.held_through))
+    }
+
+    /// The end of a run of `owner` whose windows were read up to `after` and whose
+    /// newest window read ends at `last`: the newest window of the same owner after
+    /// `after` and before the first window of another owner (or anyone's, if none
+    /// followed) is its `held_through`; it has ended if another owner's window follows,
+    /// or if the newest is older than [`OPEN_RUN_STALE_US`] (silence); else it is still
+    /// held (`None`).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_end(
+        &self,
+        uuid: &str,
+        kind: &str,
+        owner: &str,
+        after: i64,
+        last: i64,
+        now_us: i64,
+    ) -> Result<(Option<i64>, i64), String> {
+        let same = format!("owner_kind = {} AND owner = {}", sql_str(kind), sql_str(owner));
         let base = format!("gpu_uuid = {} AND time > {}", sql_str(uuid), ts(after));
         let next = self
             .query(&format!("SELECT min(time) FROM gpu_samples WHERE {base} AND NOT coalesce({same}, false)"))
@@ -692,11 +1078,33 @@ impl Ledger {
             Some(next) => format!(" AND time < {}", ts(next)),
             None => String::new(),
         };
-        let last =
+        let newest =
             self.query(&format!("SELECT max(time) FROM gpu_samples WHERE {base}{before_next} AND {same}")).await?;
-        let last = first_ts(&last).unwrap_or(after);
-        Ok((first_ts(&next).map(|_| last), last))
+        let last = first_ts(&newest).unwrap_or(last);
+        let ended = first_ts(&next).is_some() || now_us - last > OPEN_RUN_STALE_US;
+        Ok((ended.then_some(last), last))
     }
+}
+
+/// Midnight (UTC) of the day of `t`.
+fn day_start_of(t: i64) -> i64 {
+    t.div_euclid(DAY_US) * DAY_US
+}
+
+/// `time > lo AND time <= hi` as SQL.
+fn range_sql(lo: i64, hi: i64) -> String {
+    format!("time > {} AND time <= {}", ts(lo), ts(hi))
+}
+
+/// `b`'s columns cast to `schema`'s types (the engine may hand strings back as views).
+fn conform(b: &RecordBatch, schema: &datafusion::arrow::datatypes::SchemaRef) -> Result<RecordBatch, String> {
+    let cols = b
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
 }
 
 fn first_ts(batches: &[RecordBatch]) -> Option<i64> {
@@ -741,10 +1149,10 @@ impl CostRows {
         money: Option<&apron_cost::HourMoney>,
     ) {
         self.hour.push(hour);
-        self.cluster.push(g.cluster.clone());
-        self.host.push(g.host.clone());
+        self.cluster.push(g.meta.cluster.clone());
+        self.host.push(g.meta.host.clone());
         self.gpu_uuid.push(uuid.to_owned());
-        self.gpu_model.push(g.model.clone());
+        self.gpu_model.push(g.meta.model.clone());
         self.team.push(team.to_owned());
         // Microseconds are the Decimal128(18, 6) seconds' unscaled integer.
         let secs =
@@ -783,65 +1191,116 @@ impl CostRows {
     }
 }
 
-/// `allocations` rows being built.
-#[derive(Default)]
-struct AllocRows {
-    gpu_uuid: Vec<String>,
-    host: Vec<String>,
-    start: Vec<i64>,
-    end: Vec<Option<i64>>,
-    owner_kind: Vec<String>,
-    owner: Vec<String>,
-    team: Vec<String>,
-    workload_kind: Vec<Option<String>>,
-    interruptible: Vec<bool>,
-    source: Vec<String>,
-    cluster: Vec<Option<String>>,
-    held_through: Vec<Option<i64>>,
+/// One `allocations` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AllocRow {
+    gpu_uuid: String,
+    host: String,
+    start: i64,
+    end: Option<i64>,
+    owner_kind: String,
+    owner: String,
+    team: String,
+    workload_kind: Option<String>,
+    interruptible: bool,
+    source: String,
+    cluster: Option<String>,
+    held_through: i64,
 }
 
-impl AllocRows {
-    fn len(&self) -> usize {
-        self.start.len()
-    }
-
-    fn push(&mut self, uuid: &str, g: &GpuWindows, (start, end, held): (i64, Option<i64>, i64), h: &Resolved) {
-        self.gpu_uuid.push(uuid.to_owned());
-        self.host.push(g.host.clone());
-        self.start.push(start);
-        self.end.push(end);
-        self.owner_kind.push(h.owner.kind.clone());
-        self.owner.push(h.owner.owner.clone());
-        self.team.push(h.team.clone());
-        self.workload_kind.push(h.workload_kind.clone());
-        self.interruptible.push(h.interruptible);
-        self.source.push(
-            match h.owner.kind.as_str() {
+impl AllocRow {
+    fn new(uuid: &str, g: &GpuWindows, (start, end, held): (i64, Option<i64>, i64), h: &Resolved) -> AllocRow {
+        AllocRow {
+            gpu_uuid: uuid.to_owned(),
+            host: g.meta.host.clone(),
+            start,
+            end,
+            owner_kind: h.owner.kind.clone(),
+            owner: h.owner.owner.clone(),
+            team: h.team.clone(),
+            workload_kind: h.workload_kind.clone(),
+            interruptible: h.interruptible,
+            source: match h.owner.kind.as_str() {
                 "pod" => "kubernetes",
                 "slurm_job" => "slurm",
                 other => other,
             }
             .to_owned(),
-        );
-        self.cluster.push(g.cluster.clone());
-        self.held_through.push(Some(end.unwrap_or(held)));
+            cluster: g.meta.cluster.clone(),
+            held_through: end.unwrap_or(held),
+        }
+    }
+
+    /// Whether a stored row is `h`'s: the owner and everything resolved from it (the
+    /// row does not keep the owner's labels, so a relabelled holder of the same name
+    /// whose team did not change counts as the same).
+    fn same_holder(&self, h: &Resolved) -> bool {
+        self.owner_kind == h.owner.kind
+            && self.owner == h.owner.owner
+            && self.team == h.team
+            && self.workload_kind == h.workload_kind
+            && self.interruptible == h.interruptible
+    }
+
+    /// The rows of a batch in the `allocations` schema.
+    fn read(b: &RecordBatch) -> Vec<AllocRow> {
+        let s = |i: usize| b.column(i).as_string::<i32>();
+        let opt = |i: usize, r: usize| (!s(i).is_null(r)).then(|| s(i).value(r).to_owned());
+        let t = |i: usize| b.column(i).as_primitive::<TimestampMicrosecondType>();
+        let tv = |i: usize, r: usize| (!t(i).is_null(r)).then(|| t(i).value(r));
+        let flag = b.column(8).as_boolean();
+        (0..b.num_rows())
+            .map(|r| {
+                let end = tv(3, r);
+                AllocRow {
+                    gpu_uuid: s(0).value(r).to_owned(),
+                    host: s(1).value(r).to_owned(),
+                    start: t(2).value(r),
+                    end,
+                    owner_kind: s(4).value(r).to_owned(),
+                    owner: s(5).value(r).to_owned(),
+                    team: s(6).value(r).to_owned(),
+                    workload_kind: opt(7, r),
+                    interruptible: flag.value(r),
+                    source: s(9).value(r).to_owned(),
+                    cluster: opt(10, r),
+                    // Files written before the column: the end, or the start.
+                    held_through: tv(11, r).or(end).unwrap_or_else(|| t(2).value(r)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// `allocations` rows being built.
+#[derive(Default)]
+struct AllocRows {
+    rows: Vec<AllocRow>,
+}
+
+impl AllocRows {
+    fn len(&self) -> usize {
+        self.rows.len()
     }
 
     fn finish(self) -> Result<RecordBatch, String> {
         let t = |v: Vec<Option<i64>>| std::sync::Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"));
+        let col = |f: &dyn Fn(&AllocRow) -> Option<String>| -> ArrayRef {
+            std::sync::Arc::new(StringArray::from(self.rows.iter().map(f).collect::<Vec<_>>()))
+        };
         let cols: Vec<ArrayRef> = vec![
-            std::sync::Arc::new(StringArray::from(self.gpu_uuid)),
-            std::sync::Arc::new(StringArray::from(self.host)),
-            t(self.start.into_iter().map(Some).collect()),
-            t(self.end),
-            std::sync::Arc::new(StringArray::from(self.owner_kind)),
-            std::sync::Arc::new(StringArray::from(self.owner)),
-            std::sync::Arc::new(StringArray::from(self.team)),
-            std::sync::Arc::new(StringArray::from(self.workload_kind)),
-            std::sync::Arc::new(BooleanArray::from(self.interruptible)),
-            std::sync::Arc::new(StringArray::from(self.source)),
-            std::sync::Arc::new(StringArray::from(self.cluster)),
-            t(self.held_through),
+            col(&|r| Some(r.gpu_uuid.clone())),
+            col(&|r| Some(r.host.clone())),
+            t(self.rows.iter().map(|r| Some(r.start)).collect()),
+            t(self.rows.iter().map(|r| r.end).collect()),
+            col(&|r| Some(r.owner_kind.clone())),
+            col(&|r| Some(r.owner.clone())),
+            col(&|r| Some(r.team.clone())),
+            col(&|r| r.workload_kind.clone()),
+            std::sync::Arc::new(BooleanArray::from(self.rows.iter().map(|r| r.interruptible).collect::<Vec<_>>())),
+            col(&|r| Some(r.source.clone())),
+            col(&|r| r.cluster.clone()),
+            t(self.rows.iter().map(|r| Some(r.held_through)).collect()),
         ];
         RecordBatch::try_new(Table::Allocations.schema(), cols).map_err(|e| e.to_string())
     }

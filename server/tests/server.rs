@@ -23,6 +23,8 @@ mod handover;
 mod hardening;
 #[path = "server/import.rs"]
 mod import;
+#[path = "server/incremental.rs"]
+mod incremental;
 #[path = "server/insights.rs"]
 mod insights;
 #[path = "server/pg_clients.rs"]
@@ -243,14 +245,15 @@ fn samples_body(markers: &[(String, i64)]) -> Vec<u8> {
     encode_ipc(&samples(markers)).expect("encode")
 }
 
-fn processes_body() -> Vec<u8> {
-    let row = ProcessRow {
-        time: UnixMicros(now_us()),
-        host: HostName::new("test-host").expect("host"),
-        gpu_uuid: GpuUuid::new("GPU-p").expect("uuid"),
-        pid: 42,
+/// A `python` process using 1 GiB and half the SMs of `uuid` on `host` at `t_us`.
+fn process(t_us: i64, host: &str, uuid: &str, pid: u32, user: Option<&str>) -> ProcessRow {
+    ProcessRow {
+        time: UnixMicros(t_us),
+        host: HostName::new(host).expect("host"),
+        gpu_uuid: GpuUuid::new(uuid).expect("uuid"),
+        pid,
         process_name: Some("python".into()),
-        user: None,
+        user: user.map(str::to_owned),
         fb_used_bytes: Some(1 << 30),
         sm_util: Some(0.5),
         container_id: None,
@@ -259,7 +262,11 @@ fn processes_body() -> Vec<u8> {
         container: None,
         pod_uid: None,
         job_id: None,
-    };
+    }
+}
+
+fn processes_body() -> Vec<u8> {
+    let row = process(now_us(), "test-host", "GPU-p", 42, None);
     encode_ipc(&processes_to_batch(&[row]).expect("batch")).expect("encode")
 }
 

@@ -121,6 +121,8 @@ struct Inner {
     maintain_lock: Mutex<()>,
     /// Committed compactions whose inputs are in their grace period.
     pending: Mutex<Vec<maintain::Pending>>,
+    /// Subscribers to what ingest writes (the cost ledger).
+    feeds: crate::changes::Feeds,
     signal: Mutex<Signal>,
     wake: Condvar,
     _lock: lock::DirLock,
@@ -240,6 +242,7 @@ impl Store {
             persist_lock: Mutex::new(()),
             maintain_lock: Mutex::new(()),
             pending: Mutex::new(Vec::new()),
+            feeds: crate::changes::Feeds::default(),
             signal: Mutex::new(Signal::default()),
             wake: Condvar::new(),
             _lock: dir_lock,
@@ -338,6 +341,12 @@ impl Store {
         self.inner.replace_partition_sorted(table, date, parts)
     }
 
+    /// A feed of the (table, day) spans that ingest writes from now on; see
+    /// [`crate::changes`].
+    pub fn subscribe_changes(&self) -> crate::changes::ChangeFeed {
+        self.inner.feeds.subscribe()
+    }
+
     /// Batches in memory for `table` (storage schema), oldest first.
     pub fn snapshot(&self, table: Table) -> Vec<RecordBatch> {
         self.view(table).batches
@@ -423,6 +432,10 @@ impl Inner {
             Reservation::New => {}
         }
         let incoming: usize = batches.iter().map(crate::memtable::allocated_bytes).sum();
+        let mut changed = crate::changes::Changed::default();
+        if self.feeds.active() {
+            changed.record(req.table, &batches);
+        }
         {
             let mut st = lock(&self.state);
             let held = st.held_bytes();
@@ -462,6 +475,8 @@ impl Inner {
             apply(&mut st.active, &mut lock(&self.dedup), req.table, &record, batches);
             st.active.bytes() as u64 > self.config.persist_max_bytes
         };
+        // After the rows are visible: a subscriber that takes, then reads, misses nothing.
+        self.feeds.publish(&changed);
         if over {
             lock(&self.signal).kick = true;
             self.wake.notify_all();

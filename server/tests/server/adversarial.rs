@@ -809,13 +809,13 @@ fn judge(f: &Fixture, case: &Case, answer: Result<Reply, String>, findings: &Fin
             findings.add("a scoped principal's error echoes data values", format!("{own:?} in {}", show()));
         }
     }
-    if let Expect::Status(s) = case.expect {
-        if r.status != s {
-            findings.add(
-                "SCOPE ORACLE: whether the query fails depends on rows vision cannot see",
-                format!("expected {s}: {}", show()),
-            );
-        }
+    if let Expect::Status(s) = case.expect
+        && r.status != s
+    {
+        findings.add(
+            "SCOPE ORACLE: whether the query fails depends on rows vision cannot see",
+            format!("expected {s}: {}", show()),
+        );
     }
 }
 
@@ -833,7 +833,7 @@ fn fallible_expressions_leak_nothing_over_http() {
             s.spawn(|| {
                 while let Some(case) = cases.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let i = next.load(Ordering::Relaxed);
-                    if i % 250 == 0 {
+                    if i.is_multiple_of(250) {
                         eprintln!("  {i} of {} after {:.1?}", cases.len(), started.elapsed());
                     }
                     judge(&f, case, sql(f.addr(), VISION, &case.sql), &findings);
@@ -994,11 +994,10 @@ fn files_and_the_catalog_are_out_of_reach() {
     ] {
         let case = Case { label: "EXPLAIN".into(), sql: q.to_owned(), expect: Expect::OkOrUserError };
         let answer = sql(f.addr(), VISION, q);
-        if let Ok(r) = &answer {
-            if r.body.contains(".parquet") || r.body.contains("file_groups") {
-                findings
-                    .add("EXPLAIN shows vision the files behind the scope", format!("{q} → {}", trim(&r.body, 400)));
-            }
+        if let Ok(r) = &answer
+            && (r.body.contains(".parquet") || r.body.contains("file_groups"))
+        {
+            findings.add("EXPLAIN shows vision the files behind the scope", format!("{q} → {}", trim(&r.body, 400)));
         }
         // (The query's own literal 'GPU-B' may be echoed by the plan: judge the rest.)
         let answer = answer.map(|mut r| {

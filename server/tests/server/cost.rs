@@ -330,21 +330,9 @@ async fn process_owners_are_the_last_fallback_for_mapped_users_only() {
         windows.push(w);
     }
     let procs: Vec<ProcessRow> = (0..480)
-        .map(|k| ProcessRow {
-            time: UnixMicros(TEN + k * 5 * SEC),
-            host: HostName::new("node-0").expect("host"),
-            gpu_uuid: GpuUuid::new("GPU-A").expect("uuid"),
-            pid: 4000,
-            process_name: Some("python".into()),
-            user: Some(if k < 240 { "carol" } else { "mallory" }.into()),
-            fb_used_bytes: Some(1 << 30),
-            sm_util: Some(0.5),
-            container_id: None,
-            pod: None,
-            namespace: None,
-            container: None,
-            pod_uid: None,
-            job_id: None,
+        .map(|k| {
+            let user = if k < 240 { "carol" } else { "mallory" };
+            super::process(TEN + k * 5 * SEC, "node-0", "GPU-A", 4000, Some(user))
         })
         .collect();
     for (n, (table, body)) in [
