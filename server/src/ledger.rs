@@ -70,7 +70,14 @@ pub struct CostConfig {
     pub classify: ClassifyConfig,
     /// Team resolution maps, workload-kind and interruptible rules.
     pub teams: TeamConfig,
+    /// GPUs whose windows one query reads (fewer when their windows would exceed
+    /// [`WINDOWS_PER_QUERY`] at one per second): one scan serves them all, and the
+    /// batch in memory stays bounded.
+    pub gpus_per_query: usize,
 }
+
+/// The most 1-second windows a ledger query reads at once (~100 B each in flight).
+pub const WINDOWS_PER_QUERY: i64 = 1_000_000;
 
 impl Default for CostConfig {
     fn default() -> Self {
@@ -80,6 +87,7 @@ impl Default for CostConfig {
             price_book: None,
             classify: ClassifyConfig::default(),
             teams: TeamConfig::default(),
+            gpus_per_query: 64,
         }
     }
 }
@@ -339,6 +347,13 @@ impl Ledger {
         })
     }
 
+    /// How many GPUs a query over `(lo, hi]` reads at once.
+    fn gpus_per_query(&self, lo: i64, hi: i64) -> usize {
+        let per_gpu = ((hi - lo) / 1_000_000).max(1);
+        let by_budget = usize::try_from(WINDOWS_PER_QUERY / per_gpu).unwrap_or(1);
+        self.config.gpus_per_query.clamp(1, by_budget.max(1))
+    }
+
     /// Asks the running loop ([`Ledger::run`]) for a pass as soon as it can.
     pub fn kick(&self) {
         self.kick.notify_one();
@@ -570,25 +585,26 @@ impl Ledger {
             kept_cost = self.stored_cost_rows(day_start, from_us, &regrown).await?;
             stored = self.stored_allocations(day_start, day_end).await?;
         }
-        for uuid in gpus.iter().filter(|g| !memo.parents.contains_key(*g)) {
-            let known = memo.meta.get(uuid).cloned();
-            let g = self.gpu_windows(uuid, lo, hi, known.as_ref()).await?;
-            // A GPU seen for the first time had no window before the part read: its
-            // earlier hours (unknown) are new rows too.
-            let mut from = from_us;
-            if known.is_none() {
-                if g.windows.is_empty() {
-                    continue;
+        let gpus: Vec<String> = gpus.into_iter().filter(|g| !memo.parents.contains_key(g)).collect();
+        for slice in gpus.chunks(self.gpus_per_query(lo, hi)) {
+            for (uuid, g) in self.gpu_windows_slice(slice, lo, hi, &memo.meta).await? {
+                // A GPU seen for the first time had no window before the part read: its
+                // earlier hours (unknown) are new rows too.
+                let mut from = from_us;
+                if !memo.meta.contains_key(&uuid) {
+                    if g.windows.is_empty() {
+                        continue;
+                    }
+                    memo.meta.insert(uuid.clone(), g.meta.clone());
+                    from = day_start;
                 }
-                memo.meta.insert(uuid.clone(), g.meta.clone());
-                from = day_start;
+                if from < to_us {
+                    self.cost_rows(&uuid, &g, from, to_us, &mut cost)?;
+                }
+                let kept = stored.remove(&uuid).unwrap_or_default();
+                let day_span = (day_start, day_end);
+                self.allocation_rows(&uuid, &g, day_span, (hi, now_us), unseen, kept, &mut allocs).await?;
             }
-            if from < to_us {
-                self.cost_rows(uuid, &g, from, to_us, &mut cost)?;
-            }
-            let kept = stored.remove(uuid).unwrap_or_default();
-            let day_span = (day_start, day_end);
-            self.allocation_rows(uuid, &g, day_span, (hi, now_us), unseen, kept, &mut allocs).await?;
         }
         // Rows of GPUs that are MIG parents now (none had windows again): kept as they are.
         allocs.rows.extend(stored.into_values().flatten());
@@ -695,19 +711,71 @@ impl Ledger {
     /// One GPU's windows in `(lo, hi]` with their holders resolved; its metadata is
     /// `known` (the first window of the day's range) or the first window read.
     async fn gpu_windows(&self, uuid: &str, lo: i64, hi: i64, known: Option<&GpuMeta>) -> Result<GpuWindows, String> {
+        let metas: BTreeMap<String, GpuMeta> = known.map(|m| (uuid.to_owned(), m.clone())).into_iter().collect();
+        let mut out = self.gpu_windows_slice(&[uuid.to_owned()], lo, hi, &metas).await?;
+        Ok(out.pop().map_or_else(
+            || GpuWindows { meta: known.cloned().unwrap_or_default(), windows: Vec::new(), holders: Vec::new() },
+            |(_, g)| g,
+        ))
+    }
+
+    /// [`Ledger::gpu_windows`] for several GPUs with one scan: the per-GPU query read
+    /// (nearly) everything in range once per GPU — a whole pass over 256 GPUs' day
+    /// scanned the day 256 times. In `uuids`' order.
+    async fn gpu_windows_slice(
+        &self,
+        uuids: &[String],
+        lo: i64,
+        hi: i64,
+        known: &BTreeMap<String, GpuMeta>,
+    ) -> Result<Vec<(String, GpuWindows)>, String> {
         let range = range_sql(lo, hi);
+        let list: Vec<String> = uuids.iter().map(|u| sql_str(u)).collect();
         let batches = self
             .query(&format!(
-                // Quoted: `cluster` is an SQL keyword.
+                // Quoted: `cluster` is an SQL keyword. gpu_uuid last: the columns before it
+                // are read by position.
                 "SELECT time, window_s, CAST(sm_active_max AS DOUBLE), CAST(gpu_util_max AS DOUBLE), \
-                 CAST(sm_active AS DOUBLE), \"host\", \"cluster\", \"gpu_model\", \"mig_profile\", {OWNER_COLUMNS_SQL} \
-                 FROM gpu_samples WHERE gpu_uuid = {} AND {range} ORDER BY time",
-                sql_str(uuid)
+                 CAST(sm_active AS DOUBLE), \"host\", \"cluster\", \"gpu_model\", \"mig_profile\", {OWNER_COLUMNS_SQL}, \
+                 gpu_uuid FROM gpu_samples WHERE gpu_uuid IN ({}) AND {range} ORDER BY gpu_uuid, time",
+                list.join(", ")
             ))
             .await?;
+        // Each GPU's rows: consecutive (ordered by gpu_uuid), as zero-copy slices.
+        let mut per: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
+        for b in &batches {
+            let ids = b.column(b.num_columns() - 1).as_string::<i32>();
+            let mut start = 0;
+            while start < b.num_rows() {
+                let id = ids.value(start);
+                let mut end = start + 1;
+                while end < b.num_rows() && ids.value(end) == id {
+                    end += 1;
+                }
+                per.entry(id.to_owned()).or_default().push(b.slice(start, end - start));
+                start = end;
+            }
+        }
+        drop(batches);
+        let mut out = Vec::with_capacity(uuids.len());
+        for uuid in uuids {
+            let rows = per.remove(uuid).unwrap_or_default();
+            out.push((uuid.clone(), self.parse_windows(uuid, &rows, lo, hi, known.get(uuid)).await?));
+        }
+        Ok(out)
+    }
+
+    async fn parse_windows(
+        &self,
+        uuid: &str,
+        batches: &[RecordBatch],
+        lo: i64,
+        hi: i64,
+        known: Option<&GpuMeta>,
+    ) -> Result<GpuWindows, String> {
         let mut g = GpuWindows { meta: known.cloned().unwrap_or_default(), windows: Vec::new(), holders: Vec::new() };
         let mut index: BTreeMap<Owner, HolderId> = BTreeMap::new();
-        for b in &batches {
+        for b in batches {
             let time = b.column(0).as_primitive::<TimestampMicrosecondType>();
             let window = b.column(1).as_primitive::<Float64Type>();
             let f = |i: usize| b.column(i).as_primitive::<Float64Type>();
