@@ -57,8 +57,22 @@ impl Changed {
             else {
                 continue;
             };
+            // Rows of a batch mostly share a day: widen one span, touch the map per day.
+            let mut run: Option<(i64, TimeSpan)> = None;
             for t in time.iter().flatten() {
-                self.add(table, TimeSpan { min_us: t, max_us: t });
+                let day = t.div_euclid(DAY_US);
+                match &mut run {
+                    Some((d, span)) if *d == day => span.widen(TimeSpan { min_us: t, max_us: t }),
+                    _ => {
+                        if let Some((_, span)) = run.take() {
+                            self.add(table, span);
+                        }
+                        run = Some((day, TimeSpan { min_us: t, max_us: t }));
+                    }
+                }
+            }
+            if let Some((_, span)) = run {
+                self.add(table, span);
             }
         }
     }

@@ -262,6 +262,16 @@ pub struct Incremental {
     pub unseen_from_us: i64,
 }
 
+/// A day as a pass sees it: `[day_start, day_end)`; windows are read up to `hi` (S
+/// past the day, or now) and hours priced up to `to_us` (the end of now's hour).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    day_start: i64,
+    day_end: i64,
+    hi: i64,
+    to_us: i64,
+}
+
 /// How a day's computation failed.
 enum DayError {
     /// What changed cannot be applied to the stored rows (a GPU became a MIG parent):
@@ -345,6 +355,19 @@ impl Ledger {
             feed,
             kick: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Day `day`'s bounds as the clock reads `now_us`.
+    fn bounds(&self, day: i64, now_us: i64) -> Bounds {
+        let s = self.config.classify.max_stranded_after_us();
+        let (day_start, day_end) = (day * DAY_US, (day + 1) * DAY_US);
+        Bounds {
+            day_start,
+            day_end,
+            hi: (day_end + s).min(now_us.max(day_start)),
+            // Hours of D up to the current hour's end.
+            to_us: day_end.min(apron_cost::time::hour_ceil(now_us)).max(day_start),
+        }
     }
 
     /// How many GPUs a query over `(lo, hi]` reads at once.
@@ -502,9 +525,7 @@ impl Ledger {
     /// at their own time.
     fn plan(&self, day: i64, now_us: i64, memo: &DayMemo, changed: &Changed) -> Plan {
         let s = self.config.classify.max_stranded_after_us();
-        let (day_start, day_end) = (day * DAY_US, (day + 1) * DAY_US);
-        let hi = (day_end + s).min(now_us.max(day_start));
-        let to_us = day_end.min(apron_cost::time::hour_ceil(now_us)).max(day_start);
+        let Bounds { day_start, hi, to_us, .. } = self.bounds(day, now_us);
         let mut unseen = memo.hi_us;
         for table in [Table::GpuSamples, Table::GpuProcesses] {
             for d in day - 1..=day + 1 {
@@ -543,11 +564,7 @@ impl Ledger {
         memo: Option<DayMemo>,
     ) -> Result<(usize, usize, DayMemo), DayError> {
         let s = self.config.classify.max_stranded_after_us();
-        let day_start = day * DAY_US;
-        let day_end = day_start + DAY_US;
-        let hi = (day_end + s).min(now_us.max(day_start));
-        // Hours of D up to the current hour's end.
-        let to_us = day_end.min(apron_cost::time::hour_ceil(now_us)).max(day_start);
+        let Bounds { day_start, day_end, hi, to_us } = self.bounds(day, now_us);
         let date = crate::derive::date_string(day);
         let inc = match (plan, memo) {
             (Plan::From(i), Some(m)) => Some((i, m)),
@@ -621,14 +638,8 @@ impl Ledger {
         let (n_cost, n_alloc) = (cost.len() + kept_cost.iter().map(RecordBatch::num_rows).sum::<usize>(), allocs.len());
         kept_cost.push(cost.finish()?);
         let alloc_batch = allocs.finish()?;
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            store.replace_partition(Table::GpuCostHourly, &date, &kept_cost)?;
-            store.replace_partition(Table::Allocations, &date, &[alloc_batch])
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("storing: {e}"))?;
+        self.store_partitions(date, vec![(Table::GpuCostHourly, kept_cost), (Table::Allocations, vec![alloc_batch])])
+            .await?;
         Ok((n_cost, n_alloc, memo))
     }
 
@@ -655,12 +666,19 @@ impl Ledger {
         memo.open = allocs.rows.iter().filter(|r| r.end.is_none()).count();
         let n = allocs.len();
         let batch = allocs.finish()?;
-        let (store, date) = (self.store.clone(), crate::derive::date_string(day));
-        tokio::task::spawn_blocking(move || store.replace_partition(Table::Allocations, &date, &[batch]))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("storing: {e}"))?;
+        self.store_partitions(crate::derive::date_string(day), vec![(Table::Allocations, vec![batch])]).await?;
         Ok((0, n, memo))
+    }
+
+    /// Replaces the `date` partition of each table, in order, off the async runtime.
+    async fn store_partitions(&self, date: String, parts: Vec<(Table, Vec<RecordBatch>)>) -> Result<(), String> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            parts.iter().try_for_each(|(table, batches)| store.replace_partition(*table, &date, batches).map(drop))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("storing: {e}"))
     }
 
     /// The stored `gpu_cost_hourly` rows of the day's hours before `before_us`, except
@@ -673,13 +691,12 @@ impl Ledger {
     ) -> Result<Vec<RecordBatch>, String> {
         let schema = Table::GpuCostHourly.schema();
         let cols: Vec<String> = schema.fields().iter().map(|f| format!("\"{}\"", f.name())).collect();
-        let skip: BTreeSet<String> = skip.clone();
         let sql = format!(
             "SELECT {} FROM gpu_cost_hourly WHERE hour >= {} AND hour < {}{}",
             cols.join(", "),
             ts(day_start),
             ts(before_us),
-            gpus_excluded_sql(&skip)
+            gpus_excluded_sql(skip)
         );
         self.query(&sql).await?.iter().map(|b| conform(b, &schema)).collect()
     }
