@@ -48,76 +48,22 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 log() { printf '[load] %s\n' "$*" >&2; }
 
-if [ -n "${BIN_DIR:-}" ]; then
-    BIN_DIR="$(cd "$BIN_DIR" && pwd)"
-else
-    TARGET_DIR=${TARGET_DIR:-$root/target}
-    log "building release apron and the loadgen example"
-    CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release -p apron --bin apron --example loadgen
-    BIN_DIR="$TARGET_DIR/release"
-fi
+# shellcheck source=scripts/bench/serve.sh
+. "$root/scripts/bench/serve.sh"
+release_binaries loadgen
 apron_bin="$BIN_DIR/apron"
 loadgen_bin="$BIN_DIR/examples/loadgen"
-if [ ! -x "$apron_bin" ] || [ ! -x "$loadgen_bin" ]; then
-    log "missing $apron_bin or $loadgen_bin"
-    exit 1
-fi
 
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 tmp="$(mktemp -d /tmp/apron-load.XXXXXX)"
 data="$tmp/data"
-token() { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; }
-ingest_token=$(token)
-sql_token=$(token)
-cat > "$tmp/apron.toml" <<EOF
-[server]
-listen = "127.0.0.1:0"
+write_config "$tmp" "$data" "$STORAGE_TOML"
 
-[ingest]
-tokens = ["$ingest_token"]
-
-[sql]
-tokens = ["$sql_token"]
-
-[storage]
-data_dir = "$data"
-$STORAGE_TOML
-
-[query]
-# The verification queries read every row of the run.
-timeout = "10m"
-EOF
-
-server_pid=""
-sampler_pid=""
-cleanup() {
-    if [ -n "$sampler_pid" ]; then kill "$sampler_pid" 2>/dev/null || true; fi
-    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
-    if [ "$KEEP_DATA" = 1 ]; then log "kept $tmp"; else rm -rf "$tmp"; fi
-}
 trap cleanup EXIT
 
 # Starts `apron serve`; sets server_pid and addr. $1: log name.
-start_server() {
-    local name=$1 i
-    "$apron_bin" serve --config "$tmp/apron.toml" > "$OUT/$name.out" 2> "$OUT/$name.err" &
-    server_pid=$!
-    addr=""
-    for ((i = 0; i < 6000; i++)); do
-        addr=$(sed -n 's/^listening on //p' "$OUT/$name.out" | head -1)
-        [ -n "$addr" ] && break
-        kill -0 "$server_pid" 2>/dev/null || { log "apron serve exited; see $OUT/$name.err"; tail -20 "$OUT/$name.err" >&2; exit 1; }
-        sleep 0.1
-    done
-    [ -n "$addr" ] || { log "apron serve did not print its address"; exit 1; }
-    for ((i = 0; i < 600; i++)); do
-        curl -fsS -o /dev/null "http://$addr/healthz" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    log "http://$addr/healthz did not answer"
-    exit 1
-}
+start_server() { start_apron "$apron_bin" "$tmp/apron.toml" "$OUT" "$1"; }
 
 secs_since() { python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.1f}")' "$1" "$EPOCHREALTIME"; }
 

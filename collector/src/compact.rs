@@ -1,16 +1,27 @@
 //! Compaction and retention: the small files that persists leave in a day partition
-//! become one sorted file per day, and partitions past their retention go.
+//! are merged in size tiers, a finished day once into one sorted file, and partitions
+//! past their retention go.
 //!
-//! A persist every 10 minutes leaves ~144 files per table per day; readers pay per file
-//! (footers, row groups too small for the page index to pay off). Once a day is over
-//! (plus `compaction_delay`, so late batches of the day are usually in) — or sooner when
-//! a partition holds more than `compaction_max_files` — its files are merged into one.
+//! A persist every 10 minutes leaves ~144 files per table per day (a 1,000-GPU fleet
+//! filling the memtable: ~500); readers pay per file (footers, row groups too small for
+//! the page index to pay off). Merges work in tiers, so that compaction's work follows
+//! new data and not the size of the day: a file's [`Level`] is in its name — a
+//! persist's file is tier 0, a merge of tier-n files is tier n + 1 — and when one tier of
+//! a partition holds more than `compaction_max_files` files, those files (and only those)
+//! are merged. Each row is rewritten once per tier it climbs (log base
+//! `compaction_max_files` of the persists per day: 1–2 times), where merging the whole
+//! partition each time rewrote the morning's rows at every merge of the day. Once the
+//! day is over (plus `compaction_delay`, so late batches of the day are usually in), its
+//! files are merged once into one [`Level::Day`] file; data that comes later still is
+//! tiered beside it and never rewrites the day again.
 //!
-//! Memory stays bounded whatever the day's size: the merge first counts rows per GPU
-//! (reading only `gpu_uuid`), then handles contiguous GPU ranges of at most
-//! `max_rows_in_memory` rows at a time, reading from each input only the row groups
-//! whose `gpu_uuid` statistics overlap the range. Inputs are sorted by (`gpu_uuid`,
-//! `time`), so the ranges come out in order and the output is sorted too.
+//! Memory stays bounded whatever the day's size: inputs are read from local files a row
+//! group at a time (an object store's are downloaded to scratch files first, in
+//! pieces), the merge first counts rows per GPU (reading only `gpu_uuid`), then handles
+//! contiguous GPU ranges of at most `max_rows_in_memory` rows at a time, reading from
+//! each input only the row groups whose `gpu_uuid` statistics overlap the range. Inputs
+//! are sorted by (`gpu_uuid`, `time`), so the ranges come out in order and the output
+//! is sorted too.
 //!
 //! Crash safety (local directory): the output is written as a hidden temp file and
 //! fsynced; then a journal `<partition>/.compaction.json` naming the inputs and the
@@ -29,11 +40,10 @@ use std::path::{Path, PathBuf};
 use apron_common::wire::Table;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, BooleanArray, RecordBatch, StringArray};
-use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::file::metadata::RowGroupMetaData;
+use parquet::arrow::arrow_reader::{ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowFilter};
+use parquet::file::metadata::{PageIndexPolicy, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
 
@@ -42,17 +52,60 @@ use crate::persist::{
     PersistError, PersistOptions, PersistedFile, SortedRows, StagedFile, table_dir, writer_properties,
 };
 use crate::schema::storage_schema;
-use crate::storage::Storage;
+use crate::storage::{LocalCopy, Storage};
 
 /// The journal of a committed compaction, inside its partition directory.
 pub const JOURNAL: &str = ".compaction.json";
 
-/// A partition to merge.
+/// A partition's files to merge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub table: Table,
     pub date: String,
     pub inputs: Vec<PersistedFile>,
+    /// The level of the merged file (it names the file).
+    pub output: Level,
+}
+
+/// How far a file's rows have come through compaction, read from its file name: a
+/// persist writes `<id>.parquet` (tier 0), a merge of tier-n files `<id>.t<n+1>.parquet`,
+/// the merge of a finished day `<id>.day.parquet`. Names without a marker (files of
+/// earlier versions, derived partitions) are tier 0. Every name ends in `.parquet`, so the
+/// lake stays a plain Hive layout for other readers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Tier(u32),
+    Day,
+}
+
+impl Level {
+    pub fn of(path: &Path) -> Level {
+        let name = file_name(path);
+        let stem = name.strip_suffix(".parquet").unwrap_or(&name);
+        match stem.rsplit_once('.').map(|(_, marker)| marker) {
+            Some("day") => Level::Day,
+            Some(marker) => marker.strip_prefix('t').and_then(|n| n.parse().ok()).map_or(Level::Tier(0), Level::Tier),
+            None => Level::Tier(0),
+        }
+    }
+
+    /// The file name of a file of this level with id `id`.
+    pub fn file_name(self, id: &str) -> String {
+        match self {
+            Level::Tier(0) => format!("{id}.parquet"),
+            Level::Tier(n) => format!("{id}.t{n}.parquet"),
+            Level::Day => format!("{id}.day.parquet"),
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Level::Tier(n) => write!(f, "tier {n}"),
+            Level::Day => f.write_str("day"),
+        }
+    }
 }
 
 /// The record that makes a compaction happen or not: file names within the partition.
@@ -64,16 +117,18 @@ pub struct Journal {
     pub output: String,
 }
 
-/// When a partition is due.
+/// When files are merged.
 #[derive(Clone, Copy, Debug)]
 pub struct Policy {
-    /// A finished day is compacted this long after its end (µs).
+    /// A finished day is merged into one file this long after its end (µs).
     pub delay_us: i64,
-    /// A partition (finished or not) with more files than this is compacted.
+    /// A tier of a partition with more files than this is merged into the next tier.
     pub max_files: usize,
 }
 
-/// The partitions of `files` that are due at `now_us`, oldest first.
+/// The merges due at `now_us`, at most one per partition, oldest partition first: a
+/// finished day without its day file merges all its files into one; otherwise the
+/// lowest tier holding more than `max_files` files merges those files.
 pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
     let mut by_partition: BTreeMap<(&str, &str), Vec<PersistedFile>> = BTreeMap::new();
     for f in files {
@@ -84,8 +139,19 @@ pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
         .filter_map(|((_, date), inputs)| {
             let day_end = fsutil::parse_day(date)?.checked_add(1)?.checked_mul(MICROS_PER_DAY)?;
             let finished = day_end.saturating_add(policy.delay_us) <= now_us;
-            let due = inputs.len() >= 2 && (finished || inputs.len() > policy.max_files);
-            due.then(|| Plan { table: inputs[0].table, date: date.to_owned(), inputs })
+            let table = inputs[0].table;
+            let has_day = inputs.iter().any(|f| Level::of(&f.path) == Level::Day);
+            if finished && !has_day && inputs.len() >= 2 {
+                return Some(Plan { table, date: date.to_owned(), inputs, output: Level::Day });
+            }
+            let mut tiers: BTreeMap<u32, Vec<PersistedFile>> = BTreeMap::new();
+            for f in inputs {
+                if let Level::Tier(n) = Level::of(&f.path) {
+                    tiers.entry(n).or_default().push(f);
+                }
+            }
+            let (n, inputs) = tiers.into_iter().find(|(_, files)| files.len() > policy.max_files.max(1))?;
+            Some(Plan { table, date: date.to_owned(), inputs, output: Level::Tier(n.saturating_add(1)) })
         })
         .collect()
 }
@@ -94,15 +160,19 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Per
     move |source| PersistError::Io { op, path: path.to_path_buf(), source }
 }
 
-fn open_reader(bytes: &Bytes) -> Result<ParquetRecordBatchReaderBuilder<Bytes>, PersistError> {
-    Ok(ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?)
+/// A reader of a local input: the parquet reader fetches the footer and the page index
+/// (when the file has one), then only the pages of the row groups and rows asked for.
+fn open_reader(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<fs::File>, PersistError> {
+    let file = fs::File::open(path).map_err(io_err("open", path))?;
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+    Ok(ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)?)
 }
 
 /// Rows per GPU over all `inputs`, reading only the `gpu_uuid` column.
-fn rows_per_gpu(inputs: &[Bytes]) -> Result<BTreeMap<String, usize>, PersistError> {
+fn rows_per_gpu(inputs: &[LocalCopy]) -> Result<BTreeMap<String, usize>, PersistError> {
     let mut counts = BTreeMap::new();
     for f in inputs {
-        let builder = open_reader(f)?;
+        let builder = open_reader(f.path())?;
         let index = builder.schema().index_of("gpu_uuid")?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
         for batch in builder.with_projection(mask).build()? {
@@ -178,9 +248,15 @@ fn may_overlap(rg: &RowGroupMetaData, column: usize, lo: &str, hi: &str) -> bool
     }
 }
 
-/// The rows of file `bytes` whose GPU UUID is in `[lo, hi]`.
-fn read_range(bytes: &Bytes, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, PersistError> {
-    let builder = open_reader(bytes)?;
+/// The rows of local file `path` whose GPU UUID is in `[lo, hi]`.
+///
+/// A persist's file holds every GPU, and a range is a few of them: decoding each
+/// overlapping row group whole and filtering afterwards decoded every row group once
+/// per range (a 256-GPU day in ~85 ranges: ~30× the day's rows). So `gpu_uuid` alone is
+/// decoded first, as a row filter, and the other columns only for the rows it keeps —
+/// with the page index loaded, pages holding none of them are not even read.
+fn read_range(path: &Path, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, PersistError> {
+    let builder = open_reader(path)?;
     let leaf = builder
         .parquet_schema()
         .columns()
@@ -193,15 +269,23 @@ fn read_range(bytes: &Bytes, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, Per
     if groups.is_empty() {
         return Ok(Vec::new());
     }
-    let uuid_index = builder.schema().index_of("gpu_uuid")?;
+    let key = ProjectionMask::leaves(builder.parquet_schema(), [leaf]);
+    let (lo, hi) = (lo.to_owned(), hi.to_owned());
+    let in_range = ArrowPredicateFn::new(key, move |batch: RecordBatch| {
+        let uuids = batch
+            .column(0)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| arrow_schema::ArrowError::SchemaError("gpu_uuid is not a Utf8 column".into()))?;
+        Ok(uuids
+            .iter()
+            .map(|u| Some(u.is_some_and(|u| lo.as_str() <= u && u <= hi.as_str())))
+            .collect::<BooleanArray>())
+    });
     let mut out = Vec::new();
-    for batch in builder.with_row_groups(groups).build()? {
+    for batch in builder.with_row_groups(groups).with_row_filter(RowFilter::new(vec![Box::new(in_range)])).build()? {
         let batch = batch?;
-        let uuids = string_column(&batch, uuid_index)?;
-        let keep: BooleanArray = uuids.iter().map(|u| Some(u.is_some_and(|u| lo <= u && u <= hi))).collect();
-        let kept = arrow_select::filter::filter_record_batch(&batch, &keep)?;
-        if kept.num_rows() > 0 {
-            out.push(kept);
+        if batch.num_rows() > 0 {
+            out.push(batch);
         }
     }
     Ok(out)
@@ -216,11 +300,13 @@ pub fn merge(
     max_rows_in_memory: usize,
 ) -> Result<StagedFile, PersistError> {
     let schema = storage_schema(plan.table);
-    // Compressed inputs are held once (a day's worth is tens of MB per 100 GPUs); the
-    // decoded rows are what the GPU ranges bound.
-    let inputs = plan.inputs.iter().map(|f| storage.read(f)).collect::<Result<Vec<_>, _>>()?;
-    for (f, bytes) in plan.inputs.iter().zip(&inputs) {
-        let file_schema = open_reader(bytes)?.schema().clone();
+    let dir = partition_dir(storage.data_dir(), plan.table, &plan.date);
+    fsutil::create_dir_durable(&dir).map_err(io_err("create directory", &dir))?;
+    // Inputs are read from disk a row group at a time, never held whole: a finished
+    // day of 1,000 GPUs is gigabytes of Parquet. (Downloads are deleted on drop.)
+    let inputs = plan.inputs.iter().map(|f| storage.local_copy(f, &dir)).collect::<Result<Vec<_>, _>>()?;
+    for (f, copy) in plan.inputs.iter().zip(&inputs) {
+        let file_schema = open_reader(copy.path())?.schema().clone();
         if file_schema.fields() != schema.fields() {
             return Err(PersistError::Arrow(arrow_schema::ArrowError::SchemaError(format!(
                 "{} does not have the current storage schema; not compacted",
@@ -228,11 +314,10 @@ pub fn merge(
             ))));
         }
     }
-    let dir = partition_dir(storage.data_dir(), plan.table, &plan.date);
-    fsutil::create_dir_durable(&dir).map_err(io_err("create directory", &dir))?;
-    let id = uuid::Uuid::now_v7();
-    let tmp = dir.join(format!(".{id}.parquet.tmp"));
-    let path = dir.join(format!("{id}.parquet"));
+    let id = uuid::Uuid::now_v7().to_string();
+    let name = plan.output.file_name(&id);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let path = dir.join(name);
     let result = (|| {
         let counts = rows_per_gpu(&inputs)?;
         let file = fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(io_err("create", &tmp))?;
@@ -240,8 +325,8 @@ pub fn merge(
         let mut rows = 0;
         for (lo, hi) in gpu_ranges(&counts, max_rows_in_memory.max(1)) {
             let mut parts = Vec::new();
-            for bytes in &inputs {
-                parts.extend(read_range(bytes, &lo, &hi)?);
+            for copy in &inputs {
+                parts.extend(read_range(copy.path(), &lo, &hi)?);
             }
             // Sorted by (day, gpu_uuid, time): one day here, so (gpu_uuid, time). Only
             // the keys are sorted; rows are gathered a small chunk at a time.

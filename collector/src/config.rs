@@ -40,10 +40,11 @@ pub struct StoreConfig {
     #[serde(deserialize_with = "humantime_duration")]
     pub maintenance_interval: Duration,
     /// A finished day's partition is merged into one file this long after the day ends
-    /// (late batches of the day usually are in by then; later ones cause another merge).
+    /// (late batches of the day usually are in by then; later ones are tiered beside it).
     #[serde(deserialize_with = "humantime_duration")]
     pub compaction_delay: Duration,
-    /// A partition with more files than this is merged even before its day is over.
+    /// A size tier of a partition (persists' files, merges of those, …) with more files
+    /// than this is merged into one file of the next tier, also before the day is over.
     pub compaction_max_files: usize,
     /// Rows a merge holds in memory at once (it works through GPU ranges of this size).
     pub compaction_memory_rows: usize,
@@ -97,6 +98,15 @@ impl StoreConfig {
         if self.compaction_memory_bytes == 0 || self.compaction_memory_rows == 0 {
             return Err("[storage] compaction_memory_bytes and compaction_memory_rows must be positive".into());
         }
+        if let Some(o) = &self.object_store
+            && o.part_bytes < crate::storage::MIN_PART_BYTES
+        {
+            return Err(format!(
+                "[storage.object_store] part_bytes ({}) must be at least 5 MiB ({}): S3 refuses smaller parts",
+                o.part_bytes,
+                crate::storage::MIN_PART_BYTES
+            ));
+        }
         if self.memtable_max_bytes < self.persist_max_bytes.saturating_mul(2) {
             return Err(format!(
                 "[storage] memtable_max_bytes ({}) must be at least twice persist_max_bytes ({}): ingest would \
@@ -129,5 +139,21 @@ mod tests {
         let err = serde_json::from_str::<StoreConfig>(r#"{"persist_intervall": "30s"}"#).expect_err("unknown");
         assert!(err.to_string().contains("unknown field"), "{err}");
         assert!(serde_json::from_str::<StoreConfig>(r#"{"persist_interval": "soon"}"#).is_err());
+    }
+
+    #[test]
+    fn object_store_parts_are_at_least_what_s3_takes() {
+        let with = |part_bytes| StoreConfig {
+            object_store: Some(crate::storage::ObjectStoreConfig {
+                url: "s3://b".into(),
+                part_bytes,
+                ..Default::default()
+            }),
+            ..StoreConfig::default()
+        };
+        assert_eq!(with(16 << 20).validate(), Ok(()));
+        assert_eq!(crate::storage::ObjectStoreConfig::default().part_bytes, 16 << 20);
+        let err = with(1 << 20).validate().expect_err("too small");
+        assert!(err.contains("part_bytes (1048576) must be at least 5 MiB"), "{err}");
     }
 }

@@ -8,9 +8,9 @@
 //!
 //! | step | local | object store |
 //! | --- | --- | --- |
-//! | publish a staged file | rename temp → final, fsync dir | PUT the temp file's bytes to `<prefix>/<table>/date=D/<uuid>.parquet` (atomic: the object appears whole or not at all), then delete the temp file |
+//! | publish a staged file | rename temp → final, fsync dir | PUT the temp file's bytes to `<prefix>/<table>/date=D/<uuid>.parquet` (atomic: the object appears whole or not at all) — a multipart upload of `part_bytes` parts read from disk one at a time when larger — then delete the temp file |
 //! | list | `read_dir` of the partitions | LIST `<prefix>/<table>/` |
-//! | read (compaction) | read the file | GET |
+//! | read (compaction) | the file itself | GET, streamed into a scratch file next to the partition's journal |
 //! | remove | unlink | DELETE |
 //!
 //! Publishing is idempotent in both: a temp file that is gone was published before a
@@ -21,12 +21,11 @@
 
 use std::fmt;
 use std::fs;
-use std::io;
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use apron_common::wire::Table;
-use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
@@ -37,7 +36,7 @@ use crate::fsutil;
 use crate::persist::{PersistError, PersistedFile};
 
 /// `[storage.object_store]`: an S3-compatible bucket as the root of the Parquet tables.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectStoreConfig {
     /// `s3://bucket` or `s3://bucket/prefix`.
@@ -50,6 +49,31 @@ pub struct ObjectStoreConfig {
     /// Allow a plain-HTTP endpoint (never for a real deployment across a network).
     #[serde(default)]
     pub allow_http: bool,
+    /// Files larger than this are uploaded in parts of this size (at least 5 MiB, S3's
+    /// smallest part); an upload holds one part in memory, whatever the file's size.
+    #[serde(default = "default_part_bytes")]
+    pub part_bytes: usize,
+}
+
+/// S3's smallest part (all but the last).
+pub const MIN_PART_BYTES: usize = 5 << 20;
+
+fn default_part_bytes() -> usize {
+    16 << 20
+}
+
+impl Default for ObjectStoreConfig {
+    fn default() -> ObjectStoreConfig {
+        ObjectStoreConfig {
+            url: String::new(),
+            endpoint: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            allow_http: false,
+            part_bytes: default_part_bytes(),
+        }
+    }
 }
 
 /// Why the object store could not be set up or used.
@@ -69,6 +93,7 @@ pub struct Remote {
     store: Arc<dyn ObjectStore>,
     url: String,
     prefix: ObjectPath,
+    part_bytes: usize,
     runtime: OwnRuntime,
 }
 
@@ -122,6 +147,7 @@ impl Remote {
             store: Arc::new(b.build()?),
             url: format!("s3://{bucket}"),
             prefix,
+            part_bytes: config.part_bytes.max(1),
             runtime: OwnRuntime(Some(runtime)),
         })
     }
@@ -157,6 +183,38 @@ impl Remote {
 pub enum Storage {
     Local { data_dir: PathBuf },
     Remote { data_dir: PathBuf, remote: Remote },
+}
+
+/// A published file's bytes on the local disk; see [`Storage::local_copy`].
+#[derive(Debug)]
+pub struct LocalCopy {
+    path: PathBuf,
+    scratch: bool,
+}
+
+impl LocalCopy {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for LocalCopy {
+    fn drop(&mut self) {
+        if self.scratch {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Up to `n` bytes of `file` from its current position (fewer only at its end).
+fn read_part(file: &fs::File, n: usize) -> Result<Vec<u8>, object_store::Error> {
+    let mut part = Vec::with_capacity(n);
+    file.take(n as u64).read_to_end(&mut part).map_err(generic)?;
+    Ok(part)
+}
+
+fn generic(e: io::Error) -> object_store::Error {
+    object_store::Error::Generic { store: "S3", source: Box::new(e) }
 }
 
 fn io_error(op: &'static str, path: &Path, e: impl std::error::Error + Send + Sync + 'static) -> PersistError {
@@ -203,16 +261,41 @@ impl Storage {
             Storage::Remote { data_dir, remote } => (data_dir, remote),
         };
         for (tmp, path) in pairs {
-            let bytes = match fs::read(tmp) {
-                Ok(b) => Bytes::from(b),
+            let len = match fs::metadata(tmp) {
+                Ok(m) => m.len(),
                 // Uploaded before a crash: the temp file is removed only after the PUT.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(PersistError::Io { op: "read", path: tmp.clone(), source: e }),
+                Err(e) => return Err(PersistError::Io { op: "stat", path: tmp.clone(), source: e }),
             };
             let key = remote.key(path.strip_prefix(data_dir).unwrap_or(path));
             let store = remote.store.clone();
+            let part_bytes = remote.part_bytes;
+            let file =
+                fs::File::open(tmp).map_err(|e| PersistError::Io { op: "open", path: tmp.clone(), source: e })?;
             remote
-                .wait(async move { store.put(&key, PutPayload::from(bytes)).await.map(|_| ()) })
+                .wait(async move {
+                    if len <= part_bytes as u64 {
+                        let bytes = read_part(&file, part_bytes)?;
+                        return store.put(&key, PutPayload::from(bytes)).await.map(|_| ());
+                    }
+                    // One part in flight: the upload holds one part in memory.
+                    let mut upload = store.put_multipart(&key).await?;
+                    let uploaded = async {
+                        loop {
+                            let part = read_part(&file, part_bytes)?;
+                            if part.is_empty() {
+                                break;
+                            }
+                            upload.put_part(PutPayload::from(part)).await?;
+                        }
+                        upload.complete().await.map(|_| ())
+                    }
+                    .await;
+                    if uploaded.is_err() {
+                        let _ = upload.abort().await;
+                    }
+                    uploaded
+                })
                 .map_err(|e| io_error("upload", path, e))?;
             fs::remove_file(tmp).map_err(|e| PersistError::Io { op: "remove", path: tmp.clone(), source: e })?;
         }
@@ -255,22 +338,32 @@ impl Storage {
         Ok(out)
     }
 
-    /// The bytes of a published file.
-    pub fn read(&self, file: &PersistedFile) -> Result<Bytes, PersistError> {
-        match self {
-            Storage::Local { .. } => fs::read(&file.path).map(Bytes::from).map_err(|e| PersistError::Io {
-                op: "read",
-                path: file.path.clone(),
-                source: e,
-            }),
-            Storage::Remote { remote, .. } => {
-                let store = remote.store.clone();
-                let key = ObjectPath::from(file.path.to_string_lossy().as_ref());
-                remote
-                    .wait(async move { store.get(&key).await?.bytes().await })
-                    .map_err(|e| io_error("download", &file.path, e))
-            }
-        }
+    /// A local file with the bytes of published `file`, to be read a row group at a
+    /// time: the file itself, or (object store) a download streamed into a hidden
+    /// scratch file in `scratch_dir`, deleted when the copy is dropped (and at start-up,
+    /// with the other temp files, after a crash).
+    pub fn local_copy(&self, file: &PersistedFile, scratch_dir: &Path) -> Result<LocalCopy, PersistError> {
+        let remote = match self {
+            Storage::Local { .. } => return Ok(LocalCopy { path: file.path.clone(), scratch: false }),
+            Storage::Remote { remote, .. } => remote,
+        };
+        let path = scratch_dir.join(format!(".{}.download.parquet.tmp", uuid::Uuid::now_v7()));
+        let mut out =
+            fs::File::create(&path).map_err(|e| PersistError::Io { op: "create", path: path.clone(), source: e })?;
+        // From here on the scratch file goes on drop, also on error.
+        let copy = LocalCopy { path, scratch: true };
+        let store = remote.store.clone();
+        let key = ObjectPath::from(file.path.to_string_lossy().as_ref());
+        remote
+            .wait(async move {
+                let mut pieces = store.get(&key).await?.into_stream();
+                while let Some(piece) = pieces.try_next().await? {
+                    out.write_all(&piece).map_err(generic)?;
+                }
+                out.sync_all().map_err(generic)
+            })
+            .map_err(|e| io_error("download", &file.path, e))?;
+        Ok(copy)
     }
 
     /// Removes published file `name` of a partition (`local_dir` is the partition's

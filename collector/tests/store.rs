@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apron_collector::checkpoint::{Checkpoint, Rename};
+use apron_collector::compact;
 use apron_collector::schema::storage_schema;
 use apron_collector::wal::{Fault, FaultyIo, WalRecord, encode_record, list_segments};
 use apron_collector::{IngestError, IngestOutcome, IngestRequest, Store, StoreConfig, Table};
@@ -189,18 +190,36 @@ fn compaction_merges_persists_and_retention_drops_old_days() {
 
     // A restart within the grace finishes the compaction: inputs gone, rows once.
     drop(store);
-    let store = Store::open(cfg).expect("reopen");
+    let store = Store::open(cfg.clone()).expect("reopen");
     assert_eq!(store.open_report().compactions_finished, 1);
     assert!(inputs.iter().all(|f| !f.path.exists()));
     assert_eq!(rows(&store, Table::GpuSamples), expected(0..6));
 
-    // Late data for the compacted day: a new small file, merged again next pass.
-    ingest(&store, "a", 6, &samples(6, 0.5)).expect("ingest");
+    assert_eq!(c.level, compact::Level::Day);
+    let day_file = store.persisted_files(Table::GpuSamples).remove(0);
+    assert!(day_file.path.to_string_lossy().ends_with(".day.parquet"), "{day_file:?}");
+
+    // Late data for the compacted day: small files beside the day's file, which is
+    // never rewritten for them; once they are more than `compaction_max_files` (3
+    // here), they, and only they, are merged into a tier-1 file.
+    drop(store);
+    let store = Store::open(StoreConfig { compaction_max_files: 3, ..cfg.clone() }).expect("reopen");
+    for n in 6..9 {
+        ingest(&store, "a", n as u64, &samples(n, 0.5)).expect("ingest");
+        store.persist_now().expect("persist");
+        assert!(store.maintain_at(T0_DAY_END + 7_200_000_000).compacted.is_empty());
+    }
+    ingest(&store, "a", 9, &samples(9, 0.5)).expect("ingest");
     store.persist_now().expect("persist");
-    assert_eq!(store.persisted_files(Table::GpuSamples).len(), 2);
+    assert_eq!(store.persisted_files(Table::GpuSamples).len(), 5);
     let report = store.maintain_at(T0_DAY_END + 7_200_000_000);
     assert_eq!(report.compacted.len(), 1);
-    assert_eq!(rows(&store, Table::GpuSamples), expected(0..7));
+    let c = &report.compacted[0];
+    assert_eq!((c.level, c.inputs, c.rows), (compact::Level::Tier(1), 4, 4 * GPUS * SECS as usize));
+    let files = store.persisted_files(Table::GpuSamples);
+    assert_eq!(files.len(), 2);
+    assert!(files.contains(&day_file), "the day's file stays as it was: {files:?}");
+    assert_eq!(rows(&store, Table::GpuSamples), expected(0..10));
 
     // Retention: 30 days after the day's end the partition goes (tables are raw).
     let thirty_days = 30 * 86_400_000_000;

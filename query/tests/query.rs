@@ -606,12 +606,17 @@ fn start_s3() -> Option<S3Server> {
 
 /// The Parquet objects under the bucket's directory, relative to it.
 fn objects(root: &std::path::Path) -> Vec<String> {
+    walkdir(root).into_iter().filter(|p| p.ends_with(".parquet")).collect()
+}
+
+/// Every file under `root`, relative to it, sorted.
+fn walkdir(root: &std::path::Path) -> Vec<String> {
     fn walk(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
         for e in std::fs::read_dir(dir).expect("ls").flatten() {
             let p = e.path();
             if p.is_dir() {
                 walk(&p, base, out);
-            } else if p.extension().is_some_and(|x| x == "parquet") {
+            } else {
                 out.push(p.strip_prefix(base).expect("rel").to_string_lossy().into_owned());
             }
         }
@@ -639,6 +644,7 @@ async fn object_store_root_persists_compacts_reopens_and_queries() {
             access_key_id: Some("AK".into()),
             secret_access_key: Some("SK".into()),
             allow_http: true,
+            ..apron_collector::ObjectStoreConfig::default()
         }),
         ..StoreConfig::default()
     };
@@ -663,7 +669,11 @@ async fn object_store_root_persists_compacts_reopens_and_queries() {
     let report = store.maintain_at(DAY1 + DAY + 2 * 3_600_000_000);
     assert_eq!(report.errors, Vec::<String>::new());
     assert_eq!(report.compacted.len(), 1);
-    assert_eq!(objects(&bucket).len(), 1, "inputs deleted after the (zero) grace");
+    let objs = objects(&bucket);
+    assert_eq!(objs.len(), 1, "inputs deleted after the (zero) grace");
+    assert!(objs[0].ends_with(".day.parquet"), "{objs:?}");
+    let leftovers: Vec<_> = walkdir(&dir.path().join("data")).into_iter().filter(|p| p.contains(".tmp")).collect();
+    assert!(leftovers.is_empty(), "downloads for the merge are scratch files: {leftovers:?}");
     assert_eq!(count(&e, total).await, 3 * 60 * GPUS as i64);
     assert_eq!(count(&e, util).await, high);
 
@@ -680,6 +690,47 @@ async fn object_store_root_persists_compacts_reopens_and_queries() {
     assert_eq!(report.expired.len(), 1, "{report:?}");
     assert!(objects(&bucket).is_empty());
     assert_eq!(count(&e, total).await, 0);
+}
+
+/// A file larger than a part goes up as a multipart upload read from disk a part at a
+/// time, and comes back for a merge as a scratch file, streamed; both byte for byte.
+#[test]
+fn large_files_upload_in_parts_and_download_in_pieces() {
+    let Some(s3) = start_s3() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = apron_collector::ObjectStoreConfig {
+        url: "s3://apron/lake".into(),
+        endpoint: Some(format!("http://127.0.0.1:{}", s3.port)),
+        access_key_id: Some("AK".into()),
+        secret_access_key: Some("SK".into()),
+        allow_http: true,
+        part_bytes: 5 << 20,
+        ..apron_collector::ObjectStoreConfig::default()
+    };
+    let storage = apron_collector::Storage::open(dir.path(), Some(&config)).expect("storage");
+    let partition = dir.path().join("gpu_samples").join("date=2026-11-19");
+    std::fs::create_dir_all(&partition).expect("mkdir");
+    // 12.5 MiB that no two parts share: three parts, the last a short one.
+    let bytes: Vec<u8> = (0..(25u32 << 19)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let (tmp, path) = (partition.join(".big.parquet.tmp"), partition.join("big.parquet"));
+    std::fs::write(&tmp, &bytes).expect("write");
+    storage.publish(&[(tmp.clone(), path.clone())]).expect("multipart upload");
+    assert!(!tmp.exists(), "the staged file goes once uploaded");
+    let stored = std::fs::read(s3.root.path().join("apron/lake/gpu_samples/date=2026-11-19/big.parquet")).expect("object");
+    assert!(stored == bytes, "uploaded byte for byte ({} of {} bytes)", stored.len(), bytes.len());
+
+    let file = storage
+        .list(Table::GpuSamples)
+        .expect("list")
+        .into_iter()
+        .find(|f| f.path.ends_with("big.parquet"))
+        .expect("listed");
+    let copy = storage.local_copy(&file, &partition).expect("download");
+    assert!(copy.path().starts_with(&partition) && copy.path() != path);
+    assert!(std::fs::read(copy.path()).expect("scratch") == bytes, "downloaded byte for byte");
+    let scratch = copy.path().to_path_buf();
+    drop(copy);
+    assert!(!scratch.exists(), "the scratch copy goes with its handle");
 }
 
 /// `now()` is each query's start time, not the moment the engine was built.

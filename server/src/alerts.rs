@@ -505,8 +505,17 @@ impl Alerts {
             }
             let _one = self.pass.lock().await;
             let now = UnixMicros::now().0;
-            if let Err(e) = self.evaluate_at(now).await {
-                tracing::warn!(error = %e, "alerts: evaluation failed; retried next pass");
+            let started = std::time::Instant::now();
+            match self.evaluate_at(now).await {
+                // Debug: a pass runs every 30 s (`APRON_LOG=info,apron::alerts=debug`).
+                Ok(r) => tracing::debug!(
+                    windows = r.windows,
+                    fired = r.fired.len(),
+                    resolved = r.resolved.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "alert pass"
+                ),
+                Err(e) => tracing::warn!(error = %e, "alerts: evaluation failed; retried next pass"),
             }
             self.deliver(now).await;
         }

@@ -71,13 +71,14 @@ pub struct CostConfig {
     /// Team resolution maps, workload-kind and interruptible rules.
     pub teams: TeamConfig,
     /// GPUs whose windows one query reads (fewer when their windows would exceed
-    /// [`WINDOWS_PER_QUERY`] at one per second): one scan serves them all, and the
-    /// batch in memory stays bounded.
+    /// `windows_per_query` at one per second): one scan serves them all.
     pub gpus_per_query: usize,
+    /// The most 1-second windows one query reads: what bounds a pass's memory (~200 B
+    /// per window while a slice is read and parsed: 250,000 ≈ 50 MB). A whole day is
+    /// 86,400 windows per GPU, so it is read 2 GPUs at a time by default; an incremental
+    /// pass reads ~1.5 h per GPU, the full `gpus_per_query`.
+    pub windows_per_query: u64,
 }
-
-/// The most 1-second windows a ledger query reads at once (~100 B each in flight).
-pub const WINDOWS_PER_QUERY: i64 = 1_000_000;
 
 impl Default for CostConfig {
     fn default() -> Self {
@@ -88,6 +89,7 @@ impl Default for CostConfig {
             classify: ClassifyConfig::default(),
             teams: TeamConfig::default(),
             gpus_per_query: 64,
+            windows_per_query: 250_000,
         }
     }
 }
@@ -373,7 +375,8 @@ impl Ledger {
     /// How many GPUs a query over `(lo, hi]` reads at once.
     fn gpus_per_query(&self, lo: i64, hi: i64) -> usize {
         let per_gpu = ((hi - lo) / 1_000_000).max(1);
-        let by_budget = usize::try_from(WINDOWS_PER_QUERY / per_gpu).unwrap_or(1);
+        let budget = i64::try_from(self.config.windows_per_query).unwrap_or(i64::MAX);
+        let by_budget = usize::try_from(budget / per_gpu).unwrap_or(1);
         self.config.gpus_per_query.clamp(1, by_budget.max(1))
     }
 

@@ -441,8 +441,13 @@ impl Recommender {
                 _ = tick.tick() => {}
                 () = self.kick.notified() => {}
             }
+            let started = std::time::Instant::now();
             match self.refresh_at(UnixMicros::now().0).await {
-                Ok(n) => tracing::info!(recommendations = n, "recommendations refreshed"),
+                Ok(n) => tracing::info!(
+                    recommendations = n,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "recommendations refreshed"
+                ),
                 Err(e) => tracing::warn!(error = %e, "recommendations: refresh failed; retried next interval"),
             }
         }

@@ -82,7 +82,71 @@ fn merges_a_partition_into_one_sorted_file_with_bounded_memory() {
     assert!(before.iter().all(|f| !f.path.exists()));
     assert!(!partition.join(JOURNAL).exists());
     assert_eq!(finish(&local(dir.path()), partition).expect("idempotent"), 0);
+    assert_eq!(plans[0].output, Level::Day, "a finished day merges into its day file");
+    assert!(staged.tmp.to_string_lossy().ends_with(".day.parquet.tmp"), "{:?}", staged.tmp);
+    assert_eq!(Level::of(&staged.file.path), Level::Day);
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), vec![staged.file]);
+}
+
+/// A file of the partition `date` with the given name and size.
+fn named(date: &str, name: &str, bytes: u64) -> PersistedFile {
+    PersistedFile {
+        table: Table::GpuSamples,
+        date: date.into(),
+        path: PathBuf::from(format!("gpu_samples/date={date}/{name}")),
+        bytes,
+    }
+}
+
+#[test]
+fn levels_round_trip_through_file_names() {
+    let id = "0193a0b2-7c4d-7e2a-9b1d-5f3e2a1b0c9d";
+    for level in [Level::Tier(0), Level::Tier(1), Level::Tier(12), Level::Day] {
+        assert_eq!(Level::of(Path::new(&level.file_name(id))), level);
+    }
+    assert_eq!(Level::Tier(0).file_name(id), format!("{id}.parquet"), "a persist's name is unchanged");
+    // Files of earlier versions and odd names are tier 0.
+    for name in ["x.parquet", "a.b.parquet", "x.tz.parquet", "x.t.parquet", "x.t-1.parquet"] {
+        assert_eq!(Level::of(Path::new(name)), Level::Tier(0), "{name}");
+    }
+}
+
+#[test]
+fn tiers_merge_only_their_own_files_and_a_day_is_merged_once() {
+    let policy = Policy { delay_us: 3_600_000_000, max_files: 2 };
+    let open = MIDNIGHT + 3_600_000_000;
+    let date = "2026-11-19"; // MIDNIGHT's
+    // Two tier-0 files (not more than max_files) and three tier-1 files: tier 1 goes.
+    let files = vec![
+        named(date, "a.parquet", 10),
+        named(date, "b.parquet", 10),
+        named(date, "c.t1.parquet", 100),
+        named(date, "d.t1.parquet", 100),
+        named(date, "e.t1.parquet", 100),
+        named(date, "f.t2.parquet", 1000),
+    ];
+    let plans = plan(&files, open, policy);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(plans[0].output, Level::Tier(2));
+    assert_eq!(plans[0].inputs, files[2..5].to_vec());
+    // The lowest tier with too many files first.
+    let mut more = files.clone();
+    more.push(named(date, "g.parquet", 10));
+    let plans = plan(&more, open, policy);
+    assert_eq!((plans[0].output, plans[0].inputs.len()), (Level::Tier(1), 3));
+
+    // Finished: everything into the day's file, once.
+    let finished = MIDNIGHT + 86_400_000_000 + 3_600_000_000;
+    let plans = plan(&files, finished, policy);
+    assert_eq!((plans[0].output, plans[0].inputs.clone()), (Level::Day, files.clone()));
+    // Late files beside the day's file are tiered; the day's file is not read again.
+    let mut late = vec![named(date, "z.day.parquet", 5000), named(date, "h.parquet", 1), named(date, "i.parquet", 1)];
+    assert!(plan(&late, finished, policy).is_empty(), "two late files: not more than max_files");
+    late.push(named(date, "j.parquet", 1));
+    let plans = plan(&late, finished, policy);
+    assert_eq!((plans[0].output, plans[0].inputs.clone()), (Level::Tier(1), late[1..].to_vec()));
+    // A finished day with one file has nothing to merge.
+    assert!(plan(&files[..1], finished, policy).is_empty());
 }
 
 #[test]
@@ -100,7 +164,9 @@ fn plan_waits_for_the_day_to_end_unless_too_many_files() {
     assert!(plan(&files, day_end + 3_599_999_999, POLICY).is_empty(), "still within the delay");
     assert_eq!(plan(&files, day_end + 3_600_000_000, POLICY).len(), 1);
     let eager = Policy { delay_us: 3_600_000_000, max_files: 2 };
-    assert_eq!(plan(&files, MIDNIGHT, eager).len(), 1, "more than max_files merges early");
+    let plans = plan(&files, MIDNIGHT, eager);
+    assert_eq!(plans.len(), 1, "more than max_files merges early");
+    assert_eq!((plans[0].output, plans[0].inputs.len()), (Level::Tier(1), 3));
 }
 
 #[test]

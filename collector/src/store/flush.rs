@@ -177,10 +177,12 @@ fn background(inner: &Inner) {
         }
         sig.kick = false;
         drop(sig);
+        let started = Instant::now();
         match inner.persist() {
             Ok(r) => {
                 if !r.files.is_empty() {
-                    tracing::info!(files = r.files.len(), rows = r.rows, "persisted memtable to Parquet");
+                    let elapsed_ms = started.elapsed().as_millis() as u64;
+                    tracing::info!(files = r.files.len(), rows = r.rows, elapsed_ms, "persisted memtable to Parquet");
                 }
                 retry_at = None;
                 next = Instant::now() + interval;

@@ -25,6 +25,8 @@ use crate::schema::to_storage;
 pub struct Compacted {
     pub table: Table,
     pub date: String,
+    /// The merged file's level: a tier, or the finished day's one file.
+    pub level: compact::Level,
     pub inputs: usize,
     pub rows: usize,
     pub bytes_before: u64,
@@ -136,6 +138,7 @@ impl Inner {
                 let c = Compacted {
                     table,
                     date: plan.date.clone(),
+                    level: plan.output,
                     inputs: plan.inputs.len(),
                     rows: staged.rows,
                     bytes_before: plan.inputs.iter().map(|f| f.bytes).sum(),
@@ -144,6 +147,7 @@ impl Inner {
                 tracing::info!(
                     table = table.name(),
                     date = %c.date,
+                    level = %c.level,
                     inputs = c.inputs,
                     rows = c.rows,
                     bytes_before = c.bytes_before,
@@ -231,7 +235,7 @@ impl Inner {
         }
         let inputs: Vec<PersistedFile> =
             lock(&self.state).files.get(&table).into_iter().flatten().filter(|f| f.date == date).cloned().collect();
-        let plan = Plan { table, date: date.to_owned(), inputs };
+        let plan = Plan { table, date: date.to_owned(), inputs, output: compact::Level::of(&staged.file.path) };
         compact::commit(&self.storage, &plan, &staged)?;
         let output = self.storage.published(staged.file);
         self.swap(&plan, &output);
