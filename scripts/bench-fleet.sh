@@ -18,7 +18,8 @@
 #      recommendations) run on their own schedules throughout
 #   5. the weekly report (JSON) and five typical SQL queries, each timed twice
 #   6. stops the server (SIGTERM) and prints one summary (OUT/summary.txt): ingest
-#      windows/s, peak and steady RSS per phase, disk bytes per window of gpu_samples,
+#      windows/s, peak and steady RSS per phase, memtable bytes per row (its gauges at
+#      the end of the live phase), disk bytes per window of gpu_samples,
 #      each pass's count / median / max duration, the report and query times
 #
 # Environment:
@@ -86,6 +87,10 @@ log "live: $((GPUS / 8)) agents x 8 GPUs at 1 Hz for $LIVE"
     --gpus-per-agent 8 --duration "$LIVE" --progress 60s --json "$OUT/loadgen.json" \
     > "$OUT/loadgen.txt" 2> "$OUT/loadgen.log"
 
+# What a row costs in the memtable, from its own gauges at the end of the live phase.
+curl -fsS "http://$addr/metrics" | grep -E '^apron_memtable_(rows|bytes)\{table="gpu_samples"' \
+    > "$OUT/memtable.txt" || true
+
 echo queries > "$tmp/phase"
 # Prints "<seconds> <bytes>" of one request; fails on a non-2xx answer.
 timed() { curl -fsS -o "$tmp/answer" -w '%{time_total} %{size_download}\n' "$@"; }
@@ -142,6 +147,11 @@ for phase in ["history", "live", "queries"]:
           f"mean RSS of its last minute {sum(r[2] for r in last) / len(last) / 1024:6.0f} MiB  server CPU {cpu:.2f} cores")
 print(f"VmHWM over the run: {max(r[3] for r in rows) / 1024:.0f} MiB")
 print(f"gpu_samples: {windows} windows, {parquet_bytes} bytes of Parquet = {parquet_bytes / max(1, windows):.1f} bytes/window")
+gauges = {l.split("{")[0]: float(l.split()[-1]) for l in open(f"{out}/memtable.txt") if l.strip()}
+if gauges.get("apron_memtable_rows"):
+    rows_held, bytes_held = gauges["apron_memtable_rows"], gauges.get("apron_memtable_bytes", 0)
+    print(f"memtable at the end of live: {rows_held:.0f} rows of gpu_samples in {bytes_held / 2**20:.1f} MiB "
+          f"= {bytes_held / rows_held:.0f} bytes/row")
 log = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{out}/server.err").read())
 # (label, the log line's message, a further field it must have): durations from elapsed_ms.
 passes = [

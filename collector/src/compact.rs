@@ -38,8 +38,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use apron_common::wire::Table;
+use arrow_arith::boolean::and;
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, BooleanArray, RecordBatch, StringArray};
+use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_ord::cmp::{gt_eq, lt_eq};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowFilter};
@@ -272,14 +274,9 @@ fn read_range(path: &Path, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, Persi
     let key = ProjectionMask::leaves(builder.parquet_schema(), [leaf]);
     let (lo, hi) = (lo.to_owned(), hi.to_owned());
     let in_range = ArrowPredicateFn::new(key, move |batch: RecordBatch| {
-        let uuids = batch
-            .column(0)
-            .as_string_opt::<i32>()
-            .ok_or_else(|| arrow_schema::ArrowError::SchemaError("gpu_uuid is not a Utf8 column".into()))?;
-        Ok(uuids
-            .iter()
-            .map(|u| Some(u.is_some_and(|u| lo.as_str() <= u && u <= hi.as_str())))
-            .collect::<BooleanArray>())
+        let uuids = batch.column(0);
+        // A null uuid compares null, which the filter drops.
+        and(&gt_eq(uuids, &StringArray::new_scalar(&lo))?, &lt_eq(uuids, &StringArray::new_scalar(&hi))?)
     });
     let mut out = Vec::new();
     for batch in builder.with_row_groups(groups).with_row_filter(RowFilter::new(vec![Box::new(in_range)])).build()? {

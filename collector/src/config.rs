@@ -74,7 +74,7 @@ impl Default for StoreConfig {
             wal_segment_bytes: 64 << 20,
             persist_interval: Duration::from_secs(600),
             persist_max_bytes: 128 << 20,
-            memtable_max_bytes: 512 << 20,
+            memtable_max_bytes: 256 << 20,
             max_rows_per_batch: 100_000,
             max_batch_bytes: 512 << 20,
             dedup_retention: Duration::from_secs(7 * 86_400),

@@ -37,7 +37,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::fsutil::{self, date_string, day_of_micros};
-use crate::schema::storage_schema;
+use crate::schema::{storage_schema, widen};
 
 /// Version of the on-disk layout, written into each file's key-value metadata.
 pub const STORAGE_VERSION: &str = "1";
@@ -364,7 +364,8 @@ fn stage_rows(
         let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
         let mut rows = 0;
         for part in parts {
-            let part = part?;
+            // Memtable rows arrive in the memory schema; one chunk is widened at a time.
+            let part = widen(&part?, &schema)?;
             rows += part.num_rows();
             w.write(&part)?;
         }

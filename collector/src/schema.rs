@@ -22,16 +22,25 @@
 //! the decimal with its meaning. Window means finer than the resolution are rounded half
 //! away from zero (at the default 1 s window most gauges have one reading per window).
 //!
-//! The memtable already holds batches in this schema, so a query sees one schema
-//! whether rows are still in memory or already in Parquet.
+//! In memory the columns are narrower still ([`memory_schema`]): the memtable stores a
+//! decimal column as its unscaled Int32 (precision ≤ 9) or Int64 — 4 or 8 bytes a value
+//! instead of Decimal128's 16, what a ratio costs on disk before compression — and a
+//! string column as a dictionary (Int32 keys), since identity and owner strings repeat
+//! on every row of a GPU (Parquet dictionary-encodes them too). [`widen`] restores the
+//! storage schema on the way out (a query's projected columns, a persist's gathered
+//! chunk): the same integer reinterpreted, the same strings looked up, never a
+//! rounding, so a query sees one schema and the same values whether rows are still in
+//! memory or already in Parquet.
 
 use std::sync::{Arc, LazyLock};
 
 use apron_common::Field;
 use apron_common::wire::Table;
 use arrow_array::cast::AsArray;
-use arrow_array::types::Float64Type;
-use arrow_array::{Array, ArrayRef, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch};
+use arrow_array::types::{Decimal128Type, Float64Type, Int32Type, Int64Type};
+use arrow_array::{
+    Array, ArrayRef, ArrowPrimitiveType, DictionaryArray, Float64Array, PrimitiveArray, RecordBatch, RecordBatchOptions,
+};
 use arrow_schema::{ArrowError, DataType, Field as ArrowField, Schema, SchemaRef};
 
 /// How one wire column becomes a storage column.
@@ -56,6 +65,24 @@ impl Conversion {
             Conversion::Int64 => DataType::Int64,
         }
     }
+
+    /// The type the memtable holds: a decimal's unscaled integer, a string as a
+    /// dictionary, otherwise the storage type.
+    pub fn memory_type(self, wire: &DataType) -> DataType {
+        match self {
+            Conversion::Decimal { precision, .. } if precision <= 9 => DataType::Int32,
+            Conversion::Decimal { .. } => DataType::Int64,
+            Conversion::Keep if wire == &DataType::Utf8 => dictionary_type(),
+            other => other.data_type(wire),
+        }
+    }
+}
+
+/// A memtable string column: identity (`host`, `gpu_uuid`, `gpu_model`, owners, …)
+/// repeats across rows, so each batch keeps every distinct value once plus a 4-byte
+/// key per row, instead of every row's bytes and offset.
+fn dictionary_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
 }
 
 /// The storage form of a Float64 measurement field (and its `_max` column).
@@ -98,19 +125,22 @@ pub fn conversion(table: Table, column: &str, wire: &DataType) -> Conversion {
 
 struct TableSchema {
     schema: SchemaRef,
+    memory: SchemaRef,
     conversions: Vec<Conversion>,
 }
 
 fn build(table: Table) -> TableSchema {
     let wire = table.schema();
     let mut fields = Vec::with_capacity(wire.fields().len());
+    let mut memory = Vec::with_capacity(wire.fields().len());
     let mut conversions = Vec::with_capacity(wire.fields().len());
     for f in wire.fields() {
         let c = conversion(table, f.name(), f.data_type());
         fields.push(ArrowField::new(f.name(), c.data_type(f.data_type()), f.is_nullable()));
+        memory.push(ArrowField::new(f.name(), c.memory_type(f.data_type()), f.is_nullable()));
         conversions.push(c);
     }
-    TableSchema { schema: Arc::new(Schema::new(fields)), conversions }
+    TableSchema { schema: Arc::new(Schema::new(fields)), memory: Arc::new(Schema::new(memory)), conversions }
 }
 
 static GPU_SAMPLES: LazyLock<TableSchema> = LazyLock::new(|| build(Table::GpuSamples));
@@ -129,9 +159,15 @@ fn table_schema(table: Table) -> &'static TableSchema {
     }
 }
 
-/// The storage schema of `table` (memtable and Parquet).
+/// The storage schema of `table`: what Parquet files hold and queries see.
 pub fn storage_schema(table: Table) -> SchemaRef {
     table_schema(table).schema.clone()
+}
+
+/// The memtable's schema of `table`: the storage schema with each decimal column as
+/// its unscaled integer.
+pub fn memory_schema(table: Table) -> SchemaRef {
+    table_schema(table).memory.clone()
 }
 
 /// Why a batch cannot be stored exactly.
@@ -147,14 +183,74 @@ pub enum ConvertError {
     Arrow(#[from] ArrowError),
 }
 
+/// Converts a wire batch (already schema-checked by `decode_ipc`) to the memory schema.
+pub fn to_memory(table: Table, batch: &RecordBatch) -> Result<RecordBatch, ConvertError> {
+    let ts = table_schema(table);
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for ((column, &conv), field) in batch.columns().iter().zip(&ts.conversions).zip(ts.memory.fields()) {
+        let held = convert_column(column, conv, field.name())?;
+        columns.push(match field.data_type() {
+            DataType::Dictionary(..) => encode_dictionary(&held, field.name())?,
+            _ => held,
+        });
+    }
+    Ok(RecordBatch::try_new(ts.memory.clone(), columns)?)
+}
+
 /// Converts a wire batch (already schema-checked by `decode_ipc`) to the storage schema.
 pub fn to_storage(table: Table, batch: &RecordBatch) -> Result<RecordBatch, ConvertError> {
     let ts = table_schema(table);
     let mut columns = Vec::with_capacity(batch.num_columns());
     for ((column, &conv), field) in batch.columns().iter().zip(&ts.conversions).zip(ts.schema.fields()) {
-        columns.push(convert_column(column, conv, field.name())?);
+        columns.push(widen_column(&convert_column(column, conv, field.name())?, field.data_type(), field.name())?);
     }
     Ok(RecordBatch::try_new(ts.schema.clone(), columns)?)
+}
+
+fn encode_dictionary(column: &ArrayRef, name: &str) -> Result<ArrayRef, ArrowError> {
+    let strings = column
+        .as_string_opt::<i32>()
+        .ok_or_else(|| ArrowError::SchemaError(format!("column {name:?}: {} is not Utf8", column.data_type())))?;
+    // At most `max_rows_per_batch` distinct values, far below the Int32 keys' range.
+    Ok(Arc::new(strings.iter().collect::<DictionaryArray<Int32Type>>()))
+}
+
+/// `batch` (memory or storage schema, or a projection of either) in the types of
+/// `target`, whose fields it has in the same order: an Int32/Int64 column becomes the
+/// target's Decimal128 with the same unscaled values; a column already of the target
+/// type is shared, not copied.
+pub fn widen(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(target.fields())
+        .map(|(column, field)| widen_column(column, field.data_type(), field.name()))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The row count keeps a projection to no columns (`count(*)`) its rows.
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(target.clone(), columns, &options)
+}
+
+fn widen_column(column: &ArrayRef, target: &DataType, name: &str) -> Result<ArrayRef, ArrowError> {
+    if column.data_type() == target {
+        return Ok(column.clone());
+    }
+    if target == &DataType::Utf8
+        && let Some(dict) = column.as_dictionary_opt::<Int32Type>()
+    {
+        return arrow_select::take::take(dict.values(), dict.keys(), None);
+    }
+    if let DataType::Decimal128(precision, scale) = *target {
+        let widened = if let Some(v) = column.as_primitive_opt::<Int32Type>() {
+            Some(v.unary::<_, Decimal128Type>(i128::from))
+        } else {
+            column.as_primitive_opt::<Int64Type>().map(|v| v.unary::<_, Decimal128Type>(i128::from))
+        };
+        if let Some(w) = widened {
+            return Ok(Arc::new(w.with_precision_and_scale(precision, scale)?));
+        }
+    }
+    Err(ArrowError::SchemaError(format!("column {name:?}: cannot widen {} to {target}", column.data_type())))
 }
 
 fn convert_column(column: &ArrayRef, conv: Conversion, name: &str) -> Result<ArrayRef, ConvertError> {
@@ -173,42 +269,41 @@ fn convert_column(column: &ArrayRef, conv: Conversion, name: &str) -> Result<Arr
     };
     Ok(match conv {
         Conversion::Keep => column.clone(),
+        // Decimals are held as their unscaled integers (see `memory_schema`); the
+        // precision bound keeps each within its Parquet physical type.
         Conversion::Decimal { precision, scale } => {
             let factor = 10f64.powi(i32::from(scale));
             let max = 10f64.powi(i32::from(precision)) - 1.0;
-            let mut out = Vec::with_capacity(values.len());
-            for (row, v) in values.iter().enumerate() {
-                out.push(match v {
-                    None => None,
-                    Some(v) => Some(scaled(v, factor, max).ok_or_else(|| out_of_range(row, v))? as i128),
-                });
+            if precision <= 9 {
+                to_integers::<Int32Type>(values, factor, max, out_of_range, |v| v as i32)?
+            } else {
+                to_integers::<Int64Type>(values, factor, max, out_of_range, |v| v as i64)?
             }
-            Arc::new(Decimal128Array::from(out).with_precision_and_scale(precision, scale)?)
         }
-        Conversion::Int32 => {
-            let max = f64::from(i32::MAX);
-            let mut out = Vec::with_capacity(values.len());
-            for (row, v) in values.iter().enumerate() {
-                out.push(match v {
-                    None => None,
-                    Some(v) => Some(scaled(v, 1.0, max).ok_or_else(|| out_of_range(row, v))? as i32),
-                });
-            }
-            Arc::new(Int32Array::from(out))
-        }
+        Conversion::Int32 => to_integers::<Int32Type>(values, 1.0, f64::from(i32::MAX), out_of_range, |v| v as i32)?,
+        // The largest f64 below 2^63, so the cast cannot saturate.
         Conversion::Int64 => {
-            // The largest f64 below 2^63, so the cast cannot saturate.
-            let max = 9.223_372_036_854_775e18;
-            let mut out = Vec::with_capacity(values.len());
-            for (row, v) in values.iter().enumerate() {
-                out.push(match v {
-                    None => None,
-                    Some(v) => Some(scaled(v, 1.0, max).ok_or_else(|| out_of_range(row, v))? as i64),
-                });
-            }
-            Arc::new(Int64Array::from(out))
+            to_integers::<Int64Type>(values, 1.0, 9.223_372_036_854_775e18, out_of_range, |v| v as i64)?
         }
     })
+}
+
+/// `values × factor`, rounded, as `T` (`cast` is exact: the value is within ±`max`).
+fn to_integers<T: ArrowPrimitiveType>(
+    values: &Float64Array,
+    factor: f64,
+    max: f64,
+    out_of_range: impl Fn(usize, f64) -> ConvertError,
+    cast: impl Fn(f64) -> T::Native,
+) -> Result<ArrayRef, ConvertError> {
+    let mut out = Vec::with_capacity(values.len());
+    for (row, v) in values.iter().enumerate() {
+        out.push(match v {
+            None => None,
+            Some(v) => Some(cast(scaled(v, factor, max).ok_or_else(|| out_of_range(row, v))?)),
+        });
+    }
+    Ok(Arc::new(out.into_iter().collect::<PrimitiveArray<T>>()))
 }
 
 /// `v × factor` rounded half away from zero, if finite and within ±max.
@@ -219,11 +314,51 @@ fn scaled(v: f64, factor: f64, max: f64) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use apron_common::wire::field_type;
     use arrow_array::cast::AsArray;
-    use arrow_array::types::{Decimal128Type, Int32Type};
 
-    use super::*;
+    #[test]
+    fn memory_schema_holds_decimals_unscaled_and_widen_restores_them() {
+        let mem = memory_schema(Table::GpuSamples);
+        let storage = storage_schema(Table::GpuSamples);
+        let ty = |s: &SchemaRef, n: &str| s.field_with_name(n).expect("column").data_type().clone();
+        assert_eq!(ty(&mem, "gpu_util"), DataType::Int32);
+        assert_eq!(ty(&mem, "power_watts"), DataType::Int32);
+        assert_eq!(ty(&mem, "energy_joules"), DataType::Int64);
+        assert_eq!(ty(&mem, "gpu_temp_c"), DataType::Int32);
+        assert_eq!(ty(&mem, "gpu_uuid"), dictionary_type());
+        assert_eq!(ty(&mem, "namespace"), dictionary_type());
+        assert_eq!(ty(&storage, "gpu_uuid"), DataType::Utf8);
+        for (m, s) in mem.fields().iter().zip(storage.fields()) {
+            assert_eq!((m.name(), m.is_nullable()), (s.name(), s.is_nullable()));
+        }
+
+        let wire = crate::testdata::samples(2, 0, 1);
+        let gpu_util = wire.schema().index_of("gpu_util").expect("gpu_util");
+        let enc_util = wire.schema().index_of("enc_util").expect("enc_util");
+        let held = to_memory(Table::GpuSamples, &wire).expect("memory");
+        assert_eq!(held.schema(), mem);
+        let stored = widen(&held, &storage).expect("widen");
+        assert_eq!(stored.schema(), storage);
+        let d = stored.column(gpu_util).as_primitive::<Decimal128Type>();
+        assert_eq!((d.value(1), d.value_as_string(1).as_str()), (700, "0.0700"));
+        assert!(stored.column(enc_util).is_null(0), "nulls survive");
+        let uuid = wire.schema().index_of("gpu_uuid").expect("gpu_uuid");
+        assert_eq!(stored.column(uuid), wire.column(uuid), "strings looked up again");
+        assert_eq!(stored, to_storage(Table::GpuSamples, &wire).expect("storage"));
+        // Already wide, or a projection: shared as is.
+        let again = widen(&stored, &storage).expect("idempotent");
+        assert!(Arc::ptr_eq(again.column(gpu_util), stored.column(gpu_util)));
+        let projected =
+            widen(&held.project(&[gpu_util]).expect("project"), &Arc::new(storage.project(&[gpu_util]).expect("p")))
+                .expect("projection");
+        assert_eq!(projected.column(0).data_type(), &DataType::Decimal128(5, 4));
+        // Anything else is refused, not cast.
+        let bad =
+            widen_column(&(Arc::new(Float64Array::from(vec![0.5])) as ArrayRef), &DataType::Decimal128(5, 4), "x");
+        assert!(bad.is_err());
+    }
 
     #[test]
     fn every_float_field_is_stored_at_its_resolution() {
@@ -271,6 +406,8 @@ mod tests {
     fn converts_exactly_and_refuses_out_of_range() {
         let ratio = Arc::new(Float64Array::from(vec![Some(0.51666), None, Some(1.0), Some(0.0001)])) as ArrayRef;
         let out = convert_column(&ratio, Conversion::Decimal { precision: 5, scale: 4 }, "gpu_util").expect("convert");
+        assert_eq!(out.data_type(), &DataType::Int32, "held unscaled in memory");
+        let out = widen_column(&out, &DataType::Decimal128(5, 4), "gpu_util").expect("widen");
         let d = out.as_primitive::<Decimal128Type>();
         assert_eq!(d.value(0), 5167);
         assert!(d.is_null(1));
@@ -280,7 +417,11 @@ mod tests {
 
         let watts = Arc::new(Float64Array::from(vec![312.4567, -0.0004])) as ArrayRef;
         let out = convert_column(&watts, Conversion::Decimal { precision: 9, scale: 3 }, "power_watts").expect("ok");
-        assert_eq!(out.as_primitive::<Decimal128Type>().value(0), 312_457);
+        assert_eq!(out.as_primitive::<Int32Type>().value(0), 312_457);
+        let joules = Arc::new(Float64Array::from(vec![1.5e12])) as ArrayRef;
+        let out =
+            convert_column(&joules, Conversion::Decimal { precision: 18, scale: 3 }, "energy_joules").expect("ok");
+        assert_eq!(out.as_primitive::<Int64Type>().value(0), 1_500_000_000_000_000);
 
         let temp = Arc::new(Float64Array::from(vec![45.5, -3.2])) as ArrayRef;
         let out = convert_column(&temp, Conversion::Int32, "gpu_temp_c").expect("ok");

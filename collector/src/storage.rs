@@ -278,7 +278,10 @@ impl Storage {
                         let bytes = read_part(&file, part_bytes)?;
                         return store.put(&key, PutPayload::from(bytes)).await.map(|_| ());
                     }
-                    // One part in flight: the upload holds one part in memory.
+                    // One part in flight: the upload holds one part in memory. Not
+                    // object_store's `WriteMultipart`: its `finish` returns on a failed
+                    // part without aborting, which would leave the parts billed in the
+                    // bucket until a lifecycle rule removes them.
                     let mut upload = store.put_multipart(&key).await?;
                     let uploaded = async {
                         loop {
@@ -360,7 +363,8 @@ impl Storage {
                 while let Some(piece) = pieces.try_next().await? {
                     out.write_all(&piece).map_err(generic)?;
                 }
-                out.sync_all().map_err(generic)
+                // No fsync: a scratch copy is read now and never survives a crash.
+                Ok(())
             })
             .map_err(|e| io_error("download", &file.path, e))?;
         Ok(copy)

@@ -100,7 +100,7 @@ fn ingest(store: &Store, agent: &str, seq: u64, body: &[u8]) -> Result<IngestOut
 /// Every (gpu_uuid, time) row of `table`, from memory and Parquet, with its count.
 fn rows(store: &Store, table: Table) -> BTreeMap<(String, i64), usize> {
     let view = store.view(table);
-    let mut batches: Vec<RecordBatch> = view.batches;
+    let mut batches: Vec<RecordBatch> = view.widened().expect("widen");
     for f in &view.files {
         let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&f.path).expect("open"))
             .expect("parquet")

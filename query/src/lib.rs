@@ -6,7 +6,8 @@
 //!  TableSource (Store: memtable + Parquet │ DirectorySource: Parquet of a data dir)
 //!    ▼  snapshot(table) per scan: batches + files, no row in both
 //!  ApronTable providers (one per entry of tables::TABLES)
-//!    time filters → skip date= partitions and memtable batches
+//!    time filters → skip date= partitions and memtable batches; time and gpu_uuid
+//!    bounds → skip memtable rows
 //!    Parquet scan (predicate + page index pushdown, declared (gpu_uuid, time) order)
 //!    UNION memtable scan
 //!    ▼

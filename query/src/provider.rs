@@ -7,13 +7,17 @@
 //!    ├─ files whose date= day overlaps ──► DataSourceExec(Parquet)
 //!    │     predicate = AND(filters): row-group statistics, page index, row filters
 //!    │     output ordering (gpu_uuid, time) when each partition reads one file
-//!    └─ batches whose time span overlaps ──► DataSourceExec(memory)
+//!    └─ batches whose time span overlaps ──► rows within the time and gpu_uuid bounds
+//!          ──► projected columns widened to the table's types (the memtable holds
+//!          decimals unscaled and strings as dictionaries) ──► DataSourceExec(memory),
 //!          sorted by the same keys when the projection has them
 //!    UnionExec (or the one side that has data, or EmptyExec)
 //! ```
 //!
-//! Filters are answered `Inexact`: DataFusion keeps its own filter above the scan (the
-//! memtable part is not filtered here) and hands us the filters for pruning.
+//! Filters are answered `Inexact`: DataFusion keeps its own filter above the scan and
+//! hands us the filters for pruning. The memtable part is only narrowed here by bounds
+//! that are never tighter than the filters (`prune::time_range`, `prune::key_range`), so
+//! the per-GPU-chunk queries of the evaluators copy and sort their chunk's rows only.
 //!
 //! The Hive `date` partition column is not exposed: it is derived from `time` (the UTC
 //! day), the memtable has no such column, and filters on `time` prune partitions anyway.
@@ -22,8 +26,13 @@
 use std::fmt;
 use std::sync::Arc;
 
+use apron_collector::schema::widen;
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, TimestampMicrosecondArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, StringArray, TimestampMicrosecondArray};
+use datafusion::arrow::compute::kernels::boolean::and;
+use datafusion::arrow::compute::kernels::cmp::{gt_eq, lt_eq};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::datatypes::TimestampMicrosecondType;
 use datafusion::arrow::compute::kernels::aggregate::{max, min};
 use datafusion::arrow::compute::{SortColumn, SortOptions, concat_batches, lexsort_to_indices, take_record_batch};
 use datafusion::arrow::datatypes::{SchemaRef, TimeUnit};
@@ -46,7 +55,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::union::UnionExec;
 
-use crate::prune::{TimeRange, time_range};
+use crate::prune::{KeyRange, TimeRange, key_range, time_range};
 use crate::source::{DataFile, TableSource};
 use crate::tables::TableDef;
 
@@ -186,24 +195,36 @@ impl ApronTable {
         };
         let projected = project_schema(&self.schema, Some(&columns))?;
         let keys = self.sort_prefix(&columns);
+        // Memtable batches hold decimals unscaled (the memory schema); only the projected
+        // columns are widened to the table's types, one batch at a time.
+        let narrow = |b: &RecordBatch| b.project(&columns);
         let partitions = if keys.is_empty() || limit.is_some() {
             // No order to offer (or a LIMIT without ORDER BY): spread the batches over
             // the partitions as they are.
             let target = state.config().target_partitions().max(1).min(batches.len()).max(1);
             let mut parts = vec![Vec::new(); target];
             for (i, b) in batches.iter().enumerate() {
-                parts[i % target].push(b.project(&columns)?);
+                parts[i % target].push(widen(&narrow(b)?, &projected)?);
             }
             parts
         } else {
             // Sort the (small, at most one persist interval of) memtable rows by the
             // persisted order, so the union keeps the files' ordering and an ORDER BY /
-            // GROUP BY on it needs no full sort. Only the projected columns are copied.
-            let all = concat_batches(&self.schema, &batches)?;
-            let sort: Vec<SortColumn> =
-                keys.iter().map(|&k| SortColumn { values: all.column(k).clone(), options: Some(ASC) }).collect();
+            // GROUP BY on it needs no full sort. Only the projected columns are copied,
+            // never the whole memtable.
+            let narrow = batches.iter().map(narrow).collect::<std::result::Result<Vec<_>, _>>()?;
+            let Some(first) = narrow.first() else {
+                return Ok(Arc::new(EmptyExec::new(projected)));
+            };
+            let all = concat_batches(&first.schema(), &narrow)?;
+            drop(narrow);
+            let sort: Vec<SortColumn> = keys
+                .iter()
+                .filter_map(|k| columns.iter().position(|c| c == k))
+                .map(|i| SortColumn { values: all.column(i).clone(), options: Some(ASC) })
+                .collect();
             let indices = lexsort_to_indices(&sort, None)?;
-            vec![vec![take_record_batch(&all.project(&columns)?, &indices)?]]
+            vec![vec![widen(&take_record_batch(&all, &indices)?, &projected)?]]
         };
         let mut mem = MemorySourceConfig::try_new(&partitions, projected.clone(), None)?.with_limit(limit);
         if partitions.len() == 1
@@ -214,6 +235,50 @@ impl ApronTable {
             mem = mem.try_with_sort_information(vec![ordering])?;
         }
         Ok(DataSourceExec::from_data_source(mem))
+    }
+
+    /// The memtable rows whose time and `gpu_uuid` the filters' bounds can match (a
+    /// superset of the rows the filters keep: DataFusion re-checks each), before any
+    /// copy or sort: an evaluator that reads its GPUs a chunk at a time sorts the
+    /// chunk's rows, not the whole memtable's, on every query.
+    fn rows_in(&self, batches: Vec<RecordBatch>, range: TimeRange, uuids: &KeyRange) -> Result<Vec<RecordBatch>> {
+        if range.is_all() && uuids.is_all() {
+            return Ok(batches);
+        }
+        let mut out = Vec::with_capacity(batches.len());
+        for b in batches {
+            let mut mask: Option<BooleanArray> = None;
+            let mut narrow = |m: BooleanArray| -> Result<()> {
+                mask = Some(match mask.take() {
+                    Some(prev) => and(&prev, &m)?,
+                    None => m,
+                });
+                Ok(())
+            };
+            if !range.is_all()
+                && let Some(time) = b
+                    .column_by_name(self.def.time_column)
+                    .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
+            {
+                narrow(time.iter().map(|t| Some(t.is_some_and(|t| range.contains(&t)))).collect())?;
+            }
+            if let Some(uuid) = b.column_by_name("gpu_uuid") {
+                if let Some(lo) = &uuids.min {
+                    narrow(gt_eq(uuid, &StringArray::new_scalar(lo))?)?;
+                }
+                if let Some(hi) = &uuids.max {
+                    narrow(lt_eq(uuid, &StringArray::new_scalar(hi))?)?;
+                }
+            }
+            let kept = match mask {
+                Some(m) if m.true_count() < b.num_rows() => filter_record_batch(&b, &m)?,
+                _ => b,
+            };
+            if kept.num_rows() > 0 {
+                out.push(kept);
+            }
+        }
+        Ok(out)
     }
 
     /// Splits a snapshot into what the filters' time range can match.
@@ -231,7 +296,7 @@ impl ApronTable {
         let time_idx = self.schema.index_of(self.def.time_column).ok();
         let (batches, skipped): (Vec<_>, Vec<_>) = batches.into_iter().filter(|b| b.num_rows() > 0).partition(|b| {
             match time_idx.and_then(|i| time_span(b.column(i))) {
-                Some((lo, hi)) => range.overlaps(lo, hi),
+                Some((lo, hi)) => range.overlaps(&lo, &hi),
                 None => true,
             }
         });
@@ -294,6 +359,7 @@ impl TableProvider for ApronTable {
         if !files.is_empty() {
             inputs.push(self.parquet_scan(state, files, projection, filters, limit)?);
         }
+        let batches = self.rows_in(batches, range, &key_range(filters, "gpu_uuid"))?;
         if !batches.is_empty() {
             inputs.push(self.memory_scan(state, batches, projection, limit)?);
         }

@@ -1,5 +1,7 @@
 //! Time-partition pruning: the bounds a query's filters put on a table's time column,
-//! so the scan skips whole `date=` partitions and memtable batches it cannot need.
+//! so the scan skips whole `date=` partitions and memtable batches it cannot need — and
+//! the bounds on `gpu_uuid`, so the memtable rows an evaluator's per-GPU-chunk query
+//! sorts are its chunk's, not the whole memtable's.
 //!
 //! Only what is certain is used: comparisons of the bare column with a timestamp literal
 //! (`time >= '2026-11-19'` arrives here as a typed literal after DataFusion's coercion
@@ -8,48 +10,62 @@
 //! in whole µs: `time < '2026-11-19'` ends at 2026-11-18T23:59:59.999999 and does not
 //! touch the next day's partition. The filters themselves still run on every row read.
 
+use datafusion::logical_expr::expr::InList;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
 use datafusion::scalar::ScalarValue;
 
-/// Inclusive bounds in µs since the epoch; `None` = unbounded.
+/// Inclusive bounds on a column's values; `None` = unbounded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TimeRange {
-    pub min: Option<i64>,
-    pub max: Option<i64>,
+pub struct Bounds<T> {
+    pub min: Option<T>,
+    pub max: Option<T>,
 }
+
+/// Bounds in µs since the epoch on a table's time column.
+pub type TimeRange = Bounds<i64>;
+
+/// Bounds on a string key column (`gpu_uuid`): what a scan of memtable rows may skip.
+pub type KeyRange = Bounds<String>;
 
 pub const MICROS_PER_DAY: i64 = 86_400_000_000;
 
-impl TimeRange {
-    pub const ALL: TimeRange = TimeRange { min: None, max: None };
+impl<T: Ord + Clone> Bounds<T> {
+    pub const ALL: Bounds<T> = Bounds { min: None, max: None };
 
-    fn intersect(self, o: TimeRange) -> TimeRange {
-        let pick = |a: Option<i64>, b: Option<i64>, f: fn(i64, i64) -> i64| match (a, b) {
+    fn intersect(self, o: Bounds<T>) -> Bounds<T> {
+        let pick = |a: Option<T>, b: Option<T>, f: fn(T, T) -> T| match (a, b) {
             (Some(a), Some(b)) => Some(f(a, b)),
             (a, b) => a.or(b),
         };
-        TimeRange { min: pick(self.min, o.min, i64::max), max: pick(self.max, o.max, i64::min) }
+        Bounds { min: pick(self.min, o.min, T::max), max: pick(self.max, o.max, T::min) }
     }
 
     /// The smallest range holding both (an `OR`): unbounded on a side if either is.
-    fn hull(self, o: TimeRange) -> TimeRange {
-        let both = |a: Option<i64>, b: Option<i64>, f: fn(i64, i64) -> i64| Some(f(a?, b?));
-        TimeRange { min: both(self.min, o.min, i64::min), max: both(self.max, o.max, i64::max) }
+    fn hull(self, o: Bounds<T>) -> Bounds<T> {
+        let both = |a: Option<T>, b: Option<T>, f: fn(T, T) -> T| Some(f(a?, b?));
+        Bounds { min: both(self.min, o.min, T::min), max: both(self.max, o.max, T::max) }
     }
 
-    /// True if some instant in `[lo, hi]` (inclusive, µs) may match.
-    pub fn overlaps(&self, lo: i64, hi: i64) -> bool {
-        self.min.is_none_or(|min| hi >= min) && self.max.is_none_or(|max| lo <= max)
+    /// True if some value in `[lo, hi]` may match.
+    pub fn overlaps(&self, lo: &T, hi: &T) -> bool {
+        self.min.as_ref().is_none_or(|min| hi >= min) && self.max.as_ref().is_none_or(|max| lo <= max)
     }
 
-    /// True if rows of UTC day `day` (days since the epoch) may match.
-    pub fn overlaps_day(&self, day: i64) -> bool {
-        let lo = day.saturating_mul(MICROS_PER_DAY);
-        self.overlaps(lo, lo.saturating_add(MICROS_PER_DAY - 1))
+    /// True if `v` may match.
+    pub fn contains(&self, v: &T) -> bool {
+        self.overlaps(v, v)
     }
 
     pub fn is_all(&self) -> bool {
-        *self == TimeRange::ALL
+        self.min.is_none() && self.max.is_none()
+    }
+}
+
+impl TimeRange {
+    /// True if rows of UTC day `day` (days since the epoch) may match.
+    pub fn overlaps_day(&self, day: i64) -> bool {
+        let lo = day.saturating_mul(MICROS_PER_DAY);
+        self.overlaps(&lo, &lo.saturating_add(MICROS_PER_DAY - 1))
     }
 }
 
@@ -58,44 +74,95 @@ pub fn time_range(filters: &[Expr], column: &str) -> TimeRange {
     filters.iter().fold(TimeRange::ALL, |acc, f| acc.intersect(range_of(f, column)))
 }
 
-fn range_of(e: &Expr, column: &str) -> TimeRange {
+/// The range of string column `column` that rows passing all of `filters` (ANDed) can
+/// have: `=`, `<`, `<=`, `>`, `>=` (strict comparisons taken as inclusive: a bound may
+/// be wider than the filter, never narrower), `BETWEEN`, `IN` lists and `AND`/`OR`.
+pub fn key_range(filters: &[Expr], column: &str) -> KeyRange {
+    filters.iter().fold(KeyRange::ALL, |acc, f| acc.intersect(range_of(f, column)))
+}
+
+/// A literal of the column's type, and what a comparison with it bounds.
+trait Bound: Ord + Clone + Sized {
+    fn comparison(op: Operator, lit: &Expr) -> Option<Bounds<Self>>;
+    fn between(low: &Expr, high: &Expr) -> Bounds<Self>;
+}
+
+fn range_of<T: Bound>(e: &Expr, column: &str) -> Bounds<T> {
     match e {
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => match op {
             Operator::And => range_of(left, column).intersect(range_of(right, column)),
             Operator::Or => range_of(left, column).hull(range_of(right, column)),
-            _ => comparison(left, *op, right, column).unwrap_or(TimeRange::ALL),
+            _ => comparison(left, *op, right, column).unwrap_or(Bounds::ALL),
         },
-        Expr::Between(Between { expr, negated: false, low, high }) if is_column(expr, column) => {
-            TimeRange { min: micros(low).map(|v| v.1), max: micros(high).map(|v| v.0) }
-        }
-        _ => TimeRange::ALL,
+        Expr::Between(Between { expr, negated: false, low, high }) if is_column(expr, column) => T::between(low, high),
+        Expr::InList(InList { expr, list, negated: false }) if is_column(expr, column) => list
+            .iter()
+            .map(|v| T::comparison(Operator::Eq, v))
+            .reduce(|a, b| Some(a?.hull(b?)))
+            .flatten()
+            .unwrap_or(Bounds::ALL),
+        _ => Bounds::ALL,
     }
 }
 
-fn comparison(left: &Expr, op: Operator, right: &Expr, column: &str) -> Option<TimeRange> {
+fn comparison<T: Bound>(left: &Expr, op: Operator, right: &Expr, column: &str) -> Option<Bounds<T>> {
     // Normalise to `column op literal`.
-    let (op, lit) = if is_column(left, column) {
-        (op, right)
+    if is_column(left, column) {
+        T::comparison(op, right)
     } else if is_column(right, column) {
-        (op.swap()?, left)
+        T::comparison(op.swap()?, left)
     } else {
-        return None;
-    };
-    let (floor, ceil) = micros(lit)?;
-    // The column holds whole µs, so `time < v` is `time <= ceil(v) - 1`: exact bounds
-    // matter at day edges (`time < '2026-11-19'` must not read 2026-11-19).
-    Some(match op {
-        Operator::Eq => TimeRange { min: Some(floor), max: Some(ceil) },
-        Operator::Gt => TimeRange { min: Some(floor.saturating_add(1)), max: None },
-        Operator::GtEq => TimeRange { min: Some(ceil), max: None },
-        Operator::Lt => TimeRange { min: None, max: Some(ceil.saturating_sub(1)) },
-        Operator::LtEq => TimeRange { min: None, max: Some(floor) },
-        _ => return None,
-    })
+        None
+    }
+}
+
+impl Bound for i64 {
+    fn comparison(op: Operator, lit: &Expr) -> Option<TimeRange> {
+        let (floor, ceil) = micros(lit)?;
+        // The column holds whole µs, so `time < v` is `time <= ceil(v) - 1`: exact bounds
+        // matter at day edges (`time < '2026-11-19'` must not read 2026-11-19).
+        Some(match op {
+            Operator::Eq => TimeRange { min: Some(floor), max: Some(ceil) },
+            Operator::Gt => TimeRange { min: Some(floor.saturating_add(1)), max: None },
+            Operator::GtEq => TimeRange { min: Some(ceil), max: None },
+            Operator::Lt => TimeRange { min: None, max: Some(ceil.saturating_sub(1)) },
+            Operator::LtEq => TimeRange { min: None, max: Some(floor) },
+            _ => return None,
+        })
+    }
+
+    fn between(low: &Expr, high: &Expr) -> TimeRange {
+        TimeRange { min: micros(low).map(|v| v.1), max: micros(high).map(|v| v.0) }
+    }
+}
+
+impl Bound for String {
+    fn comparison(op: Operator, lit: &Expr) -> Option<KeyRange> {
+        let v = string(lit)?;
+        Some(match op {
+            Operator::Eq => KeyRange { min: Some(v.clone()), max: Some(v) },
+            Operator::Gt | Operator::GtEq => KeyRange { min: Some(v), max: None },
+            Operator::Lt | Operator::LtEq => KeyRange { min: None, max: Some(v) },
+            _ => return None,
+        })
+    }
+
+    fn between(low: &Expr, high: &Expr) -> KeyRange {
+        KeyRange { min: string(low), max: string(high) }
+    }
 }
 
 fn is_column(e: &Expr, column: &str) -> bool {
     matches!(e, Expr::Column(c) if c.name == column)
+}
+
+fn string(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Literal(ScalarValue::Utf8(Some(v)) | ScalarValue::LargeUtf8(Some(v)) | ScalarValue::Utf8View(Some(v)), _) => {
+            Some(v.clone())
+        }
+        _ => None,
+    }
 }
 
 /// A timestamp literal as (floor, ceil) in µs since the epoch (any unit; the time zone
@@ -149,6 +216,23 @@ mod tests {
         assert_eq!(time_range(&[col("other").gt(ts(5))], "time"), TimeRange::ALL);
         assert_eq!(time_range(&[col("time").not_eq(ts(5))], "time"), TimeRange::ALL);
         assert_eq!(time_range(&[col("time").gt(col("other"))], "time"), TimeRange::ALL);
+    }
+
+    #[test]
+    fn key_ranges_are_never_narrower_than_the_filter() {
+        let g = || col("gpu_uuid");
+        let r = key_range(&[g().gt_eq(lit("b")), g().lt_eq(lit("d"))], "gpu_uuid");
+        assert_eq!(r, KeyRange { min: Some("b".into()), max: Some("d".into()) });
+        assert!(r.contains(&"c".to_owned()) && r.contains(&"d".to_owned()) && !r.contains(&"e".to_owned()));
+        // Strict comparisons stay inclusive (wider is safe; DataFusion re-checks rows).
+        assert_eq!(key_range(&[g().gt(lit("b"))], "gpu_uuid").min.as_deref(), Some("b"));
+        let list = g().in_list(vec![lit("q"), lit("c"), lit("k")], false);
+        assert_eq!(key_range(&[list], "gpu_uuid"), KeyRange { min: Some("c".into()), max: Some("q".into()) });
+        assert_eq!(key_range(&[g().in_list(vec![lit("c")], true)], "gpu_uuid"), KeyRange::ALL);
+        assert_eq!(key_range(&[g().eq(lit("x")).or(g().eq(lit("a")))], "gpu_uuid").max.as_deref(), Some("x"));
+        assert_eq!(key_range(&[g().eq(lit("x")).or(col("host").eq(lit("a")))], "gpu_uuid"), KeyRange::ALL);
+        assert_eq!(key_range(&[g().not_eq(lit("x"))], "gpu_uuid"), KeyRange::ALL);
+        assert_eq!(key_range(&[g().between(lit("a"), lit("c"))], "gpu_uuid").max.as_deref(), Some("c"));
     }
 
     #[test]

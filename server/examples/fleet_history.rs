@@ -149,7 +149,8 @@ fn main() -> anyhow::Result<()> {
         .into();
     let senders: Vec<_> = (0..args.senders.max(1))
         .map(|_| {
-            let (rx, args, counters, http, epoch) = (rx.clone(), args.clone(), counters.clone(), http.clone(), epoch.clone());
+            let (rx, args, counters, http, epoch) =
+                (rx.clone(), args.clone(), counters.clone(), http.clone(), epoch.clone());
             std::thread::spawn(move || -> anyhow::Result<()> {
                 loop {
                     let body = match rx.lock().map_err(|_| anyhow::anyhow!("queue poisoned"))?.recv() {

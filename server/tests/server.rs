@@ -485,7 +485,7 @@ fn read_store(data: &Path) -> Contents {
     for table in [Table::GpuSamples, Table::GpuProcesses] {
         let view = store.view(table);
         let mut rows = 0;
-        for b in &view.batches {
+        for b in &view.widened().expect("widen") {
             rows += b.num_rows();
             c.memory_rows += b.num_rows();
             if table == Table::GpuSamples {

@@ -30,7 +30,7 @@ use crate::dedup::{Dedup, Reservation};
 use crate::error::{IngestError, StoreError};
 use crate::memtable::{Memtable, TableStats};
 use crate::persist::{self, PersistedFile};
-use crate::schema::{storage_schema, to_storage};
+use crate::schema::{storage_schema, to_memory};
 use crate::wal::{Replay, ReplayReport, StdIo, Wal, WalIo, WalOptions, WalRecord};
 
 pub use flush::PersistReport;
@@ -82,9 +82,21 @@ pub struct OpenReport {
 /// Parquet files, with no row in both.
 #[derive(Clone, Debug)]
 pub struct TableView {
+    /// The storage schema (the files'; the batches are in the memory schema and
+    /// [`crate::schema::widen`] to it).
     pub schema: SchemaRef,
+    /// In the memory schema: [`crate::schema::widen`] them to `schema` (only the
+    /// columns needed, after a projection).
     pub batches: Vec<RecordBatch>,
     pub files: Vec<PersistedFile>,
+}
+
+impl TableView {
+    /// The memory batches widened whole to the storage schema (a copy of every
+    /// column: for tools and tests; a query widens only what it projects).
+    pub fn widened(&self) -> Result<Vec<RecordBatch>, arrow_schema::ArrowError> {
+        self.batches.iter().map(|b| crate::schema::widen(b, &self.schema)).collect()
+    }
 }
 
 struct State {
@@ -347,7 +359,8 @@ impl Store {
         self.inner.feeds.subscribe()
     }
 
-    /// Batches in memory for `table` (storage schema), oldest first.
+    /// Batches in memory for `table` (memory schema: decimals unscaled; see
+    /// [`crate::schema::widen`]), oldest first.
     pub fn snapshot(&self, table: Table) -> Vec<RecordBatch> {
         self.view(table).batches
     }
@@ -485,12 +498,12 @@ impl Inner {
     }
 }
 
-/// Checks, decodes and converts a body to storage batches; the validation of live
-/// ingest and of replay alike.
+/// Checks, decodes and converts a body to memtable batches (the memory schema); the
+/// validation of live ingest and of replay alike.
 fn decode(table: Table, body: &[u8], max_rows: usize, max_bytes: u64) -> Result<Vec<RecordBatch>, IngestError> {
     crate::ipc_guard::check(body, max_rows as u64, max_bytes).map_err(IngestError::from_framing)?;
     let wire = decode_ipc(body, table, max_rows).map_err(IngestError::from_wire)?;
-    wire.iter().map(|b| to_storage(table, b).map_err(IngestError::from)).collect()
+    wire.iter().map(|b| to_memory(table, b).map_err(IngestError::from)).collect()
 }
 
 /// The one path by which a batch enters the memtable, live or replayed: record it as
