@@ -28,6 +28,7 @@
 #                   (its log), history/loadgen output, queries.txt, summary.txt
 #   CHUNK=20000 SENDERS=2   history request size and concurrency
 #   KEEP_DATA=0     1: keep the temp dir (config, data)
+#   EXTRA_TOML=…    appended to the server's config, e.g. $'[alerts]\nincremental = false'
 set -euo pipefail
 
 GPUS=${1:-256}
@@ -52,6 +53,7 @@ OUT="$(cd "$OUT" && pwd)"
 tmp="$(mktemp -d /tmp/apron-fleet.XXXXXX)"
 data="$tmp/data"
 write_config "$tmp" "$data"
+[ -z "${EXTRA_TOML:-}" ] || printf '\n%s\n' "$EXTRA_TOML" >> "$tmp/apron.toml"
 
 trap cleanup EXIT
 
@@ -160,7 +162,8 @@ passes = [
     ("rollup (a day)", "materialized gpu_samples_1m", ""),
     ("ledger, whole day", "computed gpu_cost_hourly", "how=whole"),
     ("ledger, incremental", "computed gpu_cost_hourly", "how=from"),
-    ("alerts", "alert pass", ""),
+    ("alerts, whole lookback", "alert pass", "how=Whole"),
+    ("alerts, incremental", "alert pass", "how=Incremental"),
     ("recommendations (7 d)", "recommendations refreshed", ""),
 ]
 for name, message, field in passes:

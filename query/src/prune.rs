@@ -158,9 +158,10 @@ fn is_column(e: &Expr, column: &str) -> bool {
 
 fn string(e: &Expr) -> Option<String> {
     match e {
-        Expr::Literal(ScalarValue::Utf8(Some(v)) | ScalarValue::LargeUtf8(Some(v)) | ScalarValue::Utf8View(Some(v)), _) => {
-            Some(v.clone())
-        }
+        Expr::Literal(
+            ScalarValue::Utf8(Some(v)) | ScalarValue::LargeUtf8(Some(v)) | ScalarValue::Utf8View(Some(v)),
+            _,
+        ) => Some(v.clone()),
         _ => None,
     }
 }

@@ -8,9 +8,14 @@
 //!    other hold + 10 min), read `gpus_per_query` GPUs at a time (memory follows
 //!    that, not the fleet), owners resolved to teams as the ledger does, prices from
 //!    the price book
-//!      └─► apron_cost::alert::Tracker (rebuilt each pass: late and backfilled data
-//!          count like live data); idle runs reaching back to the lookback's start are
-//!          followed further back (up to 7 d) with one query per run, remembered
+//!      └─► apron_cost::alert::Tracker, carried from pass to pass: a pass reads only
+//!          the windows since the previous pass (less OVERLAP, for windows still in
+//!          flight from agents) and feeds them on; the whole lookback is read again
+//!          (the tracker rebuilt) on the first pass, every REBUILD_EVERY, when ingest
+//!          reports rows older than the carried read (late and backfilled data count
+//!          like live data), when a fed GPU turns out to be a MIG parent, or without a
+//!          change feed; idle runs reaching back to the lookback's start are followed
+//!          further back (up to 7 d) with one query per run, remembered
 //!      └─► conditions ─► [alerts.exempt] ─► Lifecycle
 //!    ─► <data>/derived/alerts.json (episodes + delivery marks, so a restart neither
 //!       loses nor repeats an alert), the `alerts` table, /metrics
@@ -22,12 +27,14 @@
 //! The alert and the hourly `stranded_s` use the same rules (the classifier's idle test
 //! and `stranded_after` with its team and workload-kind overrides from `[cost.classify]`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use apron_collector::changes::{ChangeFeed, Changed};
 use apron_common::UnixMicros;
+use apron_common::wire::Table;
 use apron_cost::GpuKey;
 use apron_cost::alert::{
     AlertRecord, AlertRules, AlertState, Exemptions, GpuMeta, HolderFacts, Lifecycle, Sample, Tracker,
@@ -62,6 +69,10 @@ pub struct AlertsConfig {
     /// GPUs whose lookback windows one query of a pass reads: a pass holds this many
     /// GPUs' rows at once (32 × a 2 h lookback at 1 s ≈ 230 k rows), whatever the fleet.
     pub gpus_per_query: usize,
+    /// Carry the evaluation from pass to pass and read only the windows since the
+    /// previous pass (the whole lookback again hourly and whenever late data arrives);
+    /// `false` reads the whole lookback every pass.
+    pub incremental: bool,
 }
 
 impl Default for AlertsConfig {
@@ -75,6 +86,7 @@ impl Default for AlertsConfig {
             alertmanager: None,
             webhook: None,
             gpus_per_query: 32,
+            incremental: true,
         }
     }
 }
@@ -96,9 +108,57 @@ fn default_timeout() -> Duration {
 /// `<data>/derived/alerts.json`.
 pub const STATE_FILE: &str = "derived/alerts.json";
 
+/// Windows an incremental pass reads again before the previous pass's end: agents ship
+/// every few seconds, so a window may become visible after a pass whose `now` it
+/// precedes. One arriving later than this is reported by the change feed and makes the
+/// next pass read the whole lookback.
+const OVERLAP_US: i64 = 5 * 60 * 1_000_000;
+
+/// The longest an evaluator carries its tracker before reading the whole lookback again
+/// (bounds what a MIG reconfiguration or a rule the feed cannot see would leave stale).
+const REBUILD_EVERY_US: i64 = 3_600 * 1_000_000;
+
+/// What an incremental pass resumes from.
+struct Carried {
+    tracker: Tracker,
+    /// The `now` of the pass that fed the tracker: every window up to it that was visible
+    /// then has been fed.
+    read_to: i64,
+    /// When the whole lookback was last read.
+    rebuilt_at: i64,
+    parents: BTreeSet<String>,
+    last_process: BTreeMap<String, i64>,
+}
+
+impl Carried {
+    /// Whether a pass at `now_us` whose lookback starts at `from` may resume from here,
+    /// given what ingest wrote since (`None`: no change feed, so never).
+    fn resumes(&self, now_us: i64, from: i64, changed: Option<&Changed>) -> bool {
+        let Some(changed) = changed else { return false };
+        let resume = self.read_to - OVERLAP_US;
+        now_us >= self.read_to
+            && resume >= from
+            && now_us - self.rebuilt_at < REBUILD_EVERY_US
+            && [Table::GpuSamples, Table::GpuProcesses]
+                .into_iter()
+                .all(|t| changed.days(t).all(|(_, span)| span.min_us > resume))
+    }
+}
+
+/// How a pass read its windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PassKind {
+    /// The whole lookback (tracker rebuilt).
+    #[default]
+    Whole,
+    /// Only the windows since the previous pass.
+    Incremental,
+}
+
 #[derive(Default)]
 struct State {
     lifecycle: Lifecycle,
+    carried: Option<Carried>,
     holders: BTreeMap<(String, String, String), Arc<HolderFacts>>,
     /// Starts of idle runs older than the lookback, by (GPU, owner kind, owner): found
     /// once, kept while the run lasts.
@@ -108,6 +168,7 @@ struct State {
 /// What one evaluation did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct EvalReport {
+    pub how: PassKind,
     pub windows: usize,
     pub fired: Vec<String>,
     pub resolved: Vec<String>,
@@ -121,6 +182,8 @@ pub struct Alerts {
     state: Mutex<State>,
     table: Arc<SnapshotTable>,
     metrics: AlertMetrics,
+    /// What ingest wrote since the last pass; `None` reads the whole lookback each pass.
+    changes: Option<ChangeFeed>,
     path: PathBuf,
     /// One pass at a time (evaluation + delivery).
     pass: tokio::sync::Mutex<()>,
@@ -146,6 +209,7 @@ impl Alerts {
         data_dir: &std::path::Path,
         table: Arc<SnapshotTable>,
         metrics: AlertMetrics,
+        changes: Option<ChangeFeed>,
     ) -> Alerts {
         let path = data_dir.join(STATE_FILE);
         let lifecycle = match std::fs::read(&path) {
@@ -162,6 +226,7 @@ impl Alerts {
             state: Mutex::new(State { lifecycle, ..State::default() }),
             table,
             metrics,
+            changes,
             path,
             pass: tokio::sync::Mutex::new(()),
             kick: tokio::sync::Notify::new(),
@@ -193,7 +258,6 @@ impl Alerts {
         self.engine.execute_internal(sql).await.map(|r| r.batches).map_err(|e| format!("{e} (in: {sql})"))
     }
 
-    /// The non-NULL values of a one-string-column query, in order.
     /// Evaluates as if the clock read `now_us` (the data's clock: tests replay history).
     pub async fn evaluate_at(&self, now_us: i64) -> Result<EvalReport, String> {
         let classify = self.ledger.classify_config().clone();
@@ -204,9 +268,25 @@ impl Alerts {
             .max()
             .unwrap_or(0);
         let from = now_us - (classify.max_stranded_after_us() + hold + 600_000_000);
-        let range = format!("time > {} AND time <= {}", ts(from), ts(now_us));
-        // MIG parents: their activity is their instances'; the instances carry the alerts.
-        let parents = mig_parent_uuids(&self.engine, &range).await?;
+        // Take the changes before reading: a row they do not mention is visible below.
+        let changed = self.changes.as_ref().map(ChangeFeed::take);
+        let carried = self.lock().carried.take().filter(|c| c.resumes(now_us, from, changed.as_ref()));
+        let (mut carried, read_from, parents) = match carried {
+            Some(c) => {
+                let read_from = c.read_to - OVERLAP_US;
+                // MIG parents: their activity is their instances'; the instances carry the
+                // alerts. A GPU already fed that turns out to be a parent: read it all again.
+                let new = mig_parent_uuids(&self.engine, &range_sql(read_from, now_us)).await?;
+                if new.iter().any(|p| !c.parents.contains(p) && c.tracker.last_end(p).is_some()) {
+                    (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await?)
+                } else {
+                    let parents = c.parents.iter().chain(&new).cloned().collect();
+                    (Some(c), read_from, parents)
+                }
+            }
+            None => (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await?),
+        };
+        let range = range_sql(read_from, now_us);
         let gpus = strings(
             &self.engine,
             &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid"),
@@ -215,17 +295,28 @@ impl Alerts {
         let procs = self
             .query(&format!("SELECT gpu_uuid, max(time) FROM gpu_processes WHERE {range} GROUP BY gpu_uuid"))
             .await?;
-        let mut last_process: BTreeMap<String, i64> = BTreeMap::new();
+        let mut last_process: BTreeMap<String, i64> =
+            carried.as_mut().map(|c| std::mem::take(&mut c.last_process)).unwrap_or_default();
+        last_process.retain(|_, t| *t > from);
         for b in &procs {
             let (g, t) = (b.column(0).as_string::<i32>(), b.column(1).as_primitive::<TimestampMicrosecondType>());
             for r in 0..b.num_rows() {
                 if !t.is_null(r) {
-                    last_process.insert(g.value(r).to_owned(), t.value(r));
+                    let newest = last_process.entry(g.value(r).to_owned()).or_insert(i64::MIN);
+                    *newest = (*newest).max(t.value(r));
                 }
             }
         }
-        let mut tracker = Tracker::default();
         let mut report = EvalReport::default();
+        let (mut tracker, rebuilt_at) = match carried {
+            Some(c) => {
+                report.how = PassKind::Incremental;
+                (c.tracker, c.rebuilt_at)
+            }
+            None => (Tracker::default(), now_us),
+        };
+        // A GPU silent for the whole lookback is gone, as a rebuild would not see it.
+        tracker.prune(now_us, now_us - from);
         let mut prices: BTreeMap<String, Option<apron_cost::Micros>> = BTreeMap::new();
         // The lookback's rows a few GPUs at a time: memory follows the chunk, not the fleet.
         for chunk in gpus.chunks(self.config.gpus_per_query.max(1)) {
@@ -301,7 +392,6 @@ impl Alerts {
                 }
             }
         }
-        self.lock().holders.retain(|_, h| Arc::strong_count(h) > 1);
         self.extend_runs(&mut tracker).await?;
         let keep = micros(self.config.keep_resolved);
         let conditions: Vec<_> = tracker
@@ -310,6 +400,8 @@ impl Alerts {
             .filter(|c| self.config.exempt.allows(c))
             .collect();
         let mut st = self.lock();
+        st.carried = Some(Carried { tracker, read_to: now_us, rebuilt_at, parents, last_process });
+        st.holders.retain(|_, h| Arc::strong_count(h) > 1);
         for t in st.lifecycle.update(&conditions, now_us, keep) {
             match t {
                 apron_cost::alert::Transition::Fired(id) => {
@@ -509,6 +601,7 @@ impl Alerts {
             match self.evaluate_at(now).await {
                 // Debug: a pass runs every 30 s (`APRON_LOG=info,apron::alerts=debug`).
                 Ok(r) => tracing::debug!(
+                    how = ?r.how,
                     windows = r.windows,
                     fired = r.fired.len(),
                     resolved = r.resolved.len(),
@@ -520,6 +613,11 @@ impl Alerts {
             self.deliver(now).await;
         }
     }
+}
+
+/// The SQL time range `(from, to]` of `gpu_samples` / `gpu_processes` windows.
+fn range_sql(from: i64, to: i64) -> String {
+    format!("time > {} AND time <= {}", ts(from), ts(to))
 }
 
 fn state_str(s: AlertState) -> &'static str {

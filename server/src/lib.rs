@@ -262,6 +262,7 @@ impl Server {
     /// Turns alerts on (when `alerts.enabled`; they need the ledger: call after
     /// [`Server::with_cost`]).
     pub fn with_alerts(mut self, config: alerts::AlertsConfig) -> Server {
+        let changes = (config.enabled && config.incremental).then(|| self.store.subscribe_changes());
         self.alerts = match (&self.ledger, config.enabled) {
             (Some(l), true) => Some(Arc::new(alerts::Alerts::new(
                 self.engine.clone(),
@@ -270,6 +271,7 @@ impl Server {
                 self.store.data_dir(),
                 self.alerts_table.clone(),
                 self.alert_metrics.clone(),
+                changes,
             ))),
             (None, true) => {
                 tracing::warn!("alerts need the cost ledger ([cost] enabled): alerts are off");

@@ -142,6 +142,59 @@ async fn sql(server: &Server, q: &str) -> Vec<Value> {
     j["rows"].as_array().expect("rows").clone()
 }
 
+/// The GPUs and pods of the trace below.
+struct Cast {
+    a: GpuIdentity,
+    b: GpuIdentity,
+    z: GpuIdentity,
+    u: GpuIdentity,
+    l: GpuIdentity,
+    nb: GpuHolder,
+    etl: GpuHolder,
+}
+
+fn cast() -> Cast {
+    Cast {
+        a: ident("node-0", "GPU-A", H100),
+        b: ident("node-0", "GPU-B", H100),
+        z: ident("node-0", "GPU-Z", H100),
+        u: ident("node-1", "GPU-U", H100),
+        l: ident("node-1", "GPU-L", H100),
+        nb: pod("data-science", "jupyter-alice", r#"{"team":"ds"}"#),
+        etl: pod("analytics", "etl", "{}"),
+    }
+}
+
+/// The same stretch `(from, to]` of several GPUs: (GPU, SM, framebuffer GiB, holder).
+fn span<'a>(from: i64, to: i64, states: &[(&'a GpuIdentity, f64, f64, &Option<GpuHolder>)]) -> Vec<Seg<'a>> {
+    states.iter().map(|&(g, sm, fb, h)| seg(g, from, to, sm, fb, h.clone())).collect()
+}
+
+impl Cast {
+    /// Everything until 10:50 but GPU L's XID and lost stretch ([`l_fails`]).
+    fn until_50(&self) -> Vec<Seg<'_>> {
+        let (nb, etl) = (Some(self.nb.clone()), Some(self.etl.clone()));
+        vec![
+            seg(&self.a, 0, 10 * MIN, 0.5, 20.0, nb.clone()),
+            seg(&self.a, 10 * MIN, 50 * MIN, 0.0, 0.5, nb.clone()),
+            seg(&self.b, 0, 50 * MIN, 0.5, 20.0, nb),
+            seg(&self.z, 0, 50 * MIN, 0.0, 4.0, None),
+            seg(&self.u, 0, 45 * MIN, 0.0, 0.0, None),
+            seg(&self.u, 45 * MIN, 50 * MIN, 0.7, 3.0, None),
+            seg(&self.l, 0, 49 * MIN + 30 * SEC, 0.5, 2.0, etl),
+        ]
+    }
+}
+
+/// GPU L's XID 79 in the window ending 10:49:40, then lost until `lost_to`.
+fn l_fails<'a>(l: &'a GpuIdentity, etl: &GpuHolder, lost_to: i64) -> [Seg<'a>; 2] {
+    let mut xid = seg(l, 49 * MIN + 30 * SEC, 49 * MIN + 40 * SEC, 0.5, 2.0, Some(etl.clone()));
+    xid.xid = Some(79.0);
+    let mut lost = seg(l, 49 * MIN + 40 * SEC, lost_to, 0.0, 0.0, Some(etl.clone()));
+    lost.lost = true;
+    [xid, lost]
+}
+
 /// The trace (10 s windows, times from 10:00):
 ///
 /// | GPU | what | expected at 10:50 |
@@ -167,30 +220,14 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
         .with_cost(cost(dir.path(), apron_cost::TeamConfig::default()))
         .expect("cost")
         .with_alerts(alerts);
-    let (a, b, z, u, l) = (
-        ident("node-0", "GPU-A", H100),
-        ident("node-0", "GPU-B", H100),
-        ident("node-0", "GPU-Z", H100),
-        ident("node-1", "GPU-U", H100),
-        ident("node-1", "GPU-L", H100),
-    );
-    let nb = pod("data-science", "jupyter-alice", r#"{"team":"ds"}"#);
-    let etl = pod("analytics", "etl", "{}");
-    let mut lost_xid = seg(&l, 49 * MIN + 30 * SEC, 49 * MIN + 40 * SEC, 0.5, 2.0, Some(etl.clone()));
-    lost_xid.xid = Some(79.0);
-    let mut lost = seg(&l, 49 * MIN + 40 * SEC, 50 * MIN, 0.0, 0.0, Some(etl.clone()));
-    lost.lost = true;
-    let first = windows(&[
-        seg(&a, 0, 10 * MIN, 0.5, 20.0, Some(nb.clone())),
-        seg(&a, 10 * MIN, 50 * MIN, 0.0, 0.5, Some(nb.clone())),
-        seg(&b, 0, 50 * MIN, 0.5, 20.0, Some(nb.clone())),
-        seg(&z, 0, 50 * MIN, 0.0, 4.0, None),
-        seg(&u, 0, 45 * MIN, 0.0, 0.0, None),
-        seg(&u, 45 * MIN, 50 * MIN, 0.7, 3.0, None),
-        seg(&l, 0, 49 * MIN + 30 * SEC, 0.5, 2.0, Some(etl.clone())),
-        lost_xid,
-        lost,
-    ]);
+    let c = cast();
+    let Cast { a, b, z, u, l, nb, etl } = &c;
+    let [lost_xid, lost] = l_fails(l, etl, 50 * MIN);
+    let first = windows(&{
+        let mut v = c.until_50();
+        v.extend([lost_xid, lost]);
+        v
+    });
     ingest(&server, &first, 0);
     let evaluator = server.alerts().expect("alerts on").clone();
     let r = evaluator.evaluate_at(T0 + 50 * MIN).await.expect("evaluate");
@@ -273,10 +310,10 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     // Everything clears.
     let second = windows(&[
         seg(&a, 50 * MIN, 61 * MIN, 0.4, 20.0, Some(nb.clone())),
-        seg(&b, 50 * MIN, 61 * MIN, 0.5, 20.0, Some(nb)),
+        seg(&b, 50 * MIN, 61 * MIN, 0.5, 20.0, Some(nb.clone())),
         seg(&z, 50 * MIN, 61 * MIN, 0.0, 0.0, None),
         seg(&u, 50 * MIN, 61 * MIN, 0.0, 0.0, None),
-        seg(&l, 50 * MIN, 61 * MIN, 0.5, 2.0, Some(etl)),
+        seg(&l, 50 * MIN, 61 * MIN, 0.5, 2.0, Some(etl.clone())),
     ]);
     ingest(&server, &second, 1);
     let r = evaluator.evaluate_at(T0 + 61 * MIN).await.expect("evaluate");
@@ -305,6 +342,108 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     e.evaluate_at(T0 + 50 * MIN).await.expect("evaluate");
     assert!(e.list().iter().all(|a| a.kind != "stranded_allocation"));
     assert_eq!(e.list().len(), 4);
+}
+
+/// Incremental passes (the tracker carried from pass to pass, only new windows read)
+/// list exactly the alerts of passes that read the whole lookback, step by step through
+/// the trace above: firing, holding, clearing, and a late backfilled window, which sends
+/// the incremental evaluator back to a whole read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_passes_list_what_whole_passes_list() {
+    let (d1, d2) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let server = |dir: &std::path::Path, incremental: bool| {
+        open(dir).with_cost(cost(dir, apron_cost::TeamConfig::default())).expect("cost").with_alerts(AlertsConfig {
+            gpus_per_query: 2,
+            incremental,
+            ..AlertsConfig::default()
+        })
+    };
+    let (inc, whole) = (server(d1.path(), true), server(d2.path(), false));
+    let c = cast();
+    let Cast { a, b, z, u, l, nb, etl } = &c;
+    let n = ident("node-2", "GPU-N", H100);
+    let [lost_xid, lost] = l_fails(l, etl, 53 * MIN);
+    use apron::alerts::PassKind::{Incremental, Whole};
+    // (windows ingested, evaluated at, how the incremental evaluator reads, firing then)
+    let steps = [
+        (
+            windows(&{
+                let mut v = c.until_50();
+                v.push(lost_xid);
+                v
+            }),
+            50 * MIN,
+            Whole,
+            4,
+        ),
+        // The lost stretch arrives in the next pass; everything else holds.
+        (
+            windows(&{
+                let mut v = span(
+                    50 * MIN,
+                    53 * MIN,
+                    &[
+                        (a, 0.0, 0.5, &Some(nb.clone())),
+                        (b, 0.5, 20.0, &Some(nb.clone())),
+                        (z, 0.0, 4.0, &None),
+                        (u, 0.7, 3.0, &None),
+                    ],
+                );
+                v.push(lost);
+                v
+            }),
+            53 * MIN,
+            Incremental,
+            5,
+        ),
+        (
+            windows(&span(
+                53 * MIN,
+                61 * MIN,
+                &[
+                    (a, 0.4, 20.0, &Some(nb.clone())),
+                    (b, 0.5, 20.0, &Some(nb.clone())),
+                    (z, 0.0, 0.0, &None),
+                    (u, 0.0, 0.0, &None),
+                    (l, 0.5, 2.0, &Some(etl.clone())),
+                ],
+            )),
+            61 * MIN,
+            Incremental,
+            0,
+        ),
+        // Late: GPU-N's idle allocation from 10:20, backfilled after the 11:01 pass.
+        (windows(&[seg(&n, 20 * MIN, 62 * MIN, 0.0, 0.5, Some(etl.clone()))]), 62 * MIN, Whole, 1),
+        (
+            windows(&[
+                seg(&n, 62 * MIN, 66 * MIN, 0.0, 0.5, Some(etl.clone())),
+                seg(&a, 61 * MIN, 66 * MIN, 0.0, 20.0, Some(nb.clone())),
+            ]),
+            66 * MIN,
+            Incremental,
+            // GPU-N stranded; GPU-A idle holding 20 GiB with no process for 5 min: zombie.
+            2,
+        ),
+    ];
+    for (seq, (rows, at, how, firing)) in steps.into_iter().enumerate() {
+        ingest(&inc, &rows, seq as u64);
+        ingest(&whole, &rows, seq as u64);
+        let (i, w) = (inc.alerts().expect("alerts"), whole.alerts().expect("alerts"));
+        let ri = i.evaluate_at(T0 + at).await.expect("incremental pass");
+        let rw = w.evaluate_at(T0 + at).await.expect("whole pass");
+        assert_eq!((ri.how, rw.how), (how, Whole), "at T0 + {} min", at / MIN);
+        let sorted = |mut v: Vec<apron_cost::alert::AlertRecord>| {
+            v.sort_by(|x, y| x.id.cmp(&y.id));
+            v
+        };
+        let (li, lw) = (sorted(i.list()), sorted(w.list()));
+        assert_eq!(li, lw, "at T0 + {} min", at / MIN);
+        let on = li.iter().filter(|a| a.state == apron_cost::alert::AlertState::Firing).count();
+        assert_eq!(on, firing, "at T0 + {} min: {li:#?}", at / MIN);
+        if how == Incremental {
+            assert!(ri.windows < rw.windows, "an incremental pass reads less: {ri:?} vs {rw:?}");
+        }
+    }
 }
 
 /// The simulator's `notebook-idle-resume` notebook, backfilled; at a moment 40 minutes
