@@ -167,9 +167,10 @@ static GPU_SAMPLES: LazyLock<SchemaRef> = LazyLock::new(|| {
 });
 
 /// `gpu_samples_1m`: the identity of `gpu_samples`, one row per GPU per minute (`time`
-/// is the minute's end, like a window's), `_mean`/`_min`/`_max` of every measurement
-/// over the windows ending in the minute, `samples` (windows) and `covered_s` (seconds
-/// of the minute those windows cover).
+/// is the minute's start, so `date_trunc` groups minutes as it groups their windows),
+/// `_mean`/`_min`/`_max` of every measurement over the windows ending in
+/// `[time, time + 1 min)`, `samples` (windows) and `covered_s` (seconds those windows
+/// cover).
 static GPU_SAMPLES_1M: LazyLock<SchemaRef> = LazyLock::new(|| {
     let mut fields = vec![
         ArrowField::new("time", time_type(), false),

@@ -4,12 +4,14 @@
 //!
 //! # Definition
 //!
-//! One row per GPU (`gpu_uuid`) per minute. `time` is the minute's END, like a window's
-//! time is its end: a `gpu_samples` window ending at `t` belongs to the minute
-//! `(m − 60 s, m]` with `m` = `t` rounded UP to the minute (a window ending exactly at
-//! 12:01:00 is in the minute 12:01:00, one ending at 12:01:00.5 in 12:02:00). So the
-//! rows of day partition E come from windows ending in `(E−1 23:59:00, E 23:59:00]`:
-//! rollup day E depends on raw days E−1 and E.
+//! One row per GPU (`gpu_uuid`) per minute. `time` is the minute's START: a
+//! `gpu_samples` window ending at `t` belongs to the minute `[m, m + 60 s)` with `m` =
+//! `t` rounded DOWN to the minute (a window ending exactly at 12:01:00 is in the minute
+//! 12:01:00, one ending at 12:00:59.5 in 12:00:00). So every window of a minute row has
+//! `date_trunc('hour', time)` (or `'day'`) equal to the row's: hourly and daily groups
+//! of `gpu_samples_1m` hold exactly the windows the same groups of `gpu_samples` hold,
+//! and rollup day E comes from raw day E alone. (Versions before 2026-12-05 labelled a
+//! minute by its end, `(m − 60 s, m]`; see [`Labels`] for how stored rows move over.)
 //!
 //! - identity: `gpu_uuid` (grouped), and any value of `cluster`, `host`, `gpu_index`,
 //!   `gpu_model`, `parent_gpu_uuid`, `mig_profile` in the minute (constant per GPU;
@@ -79,12 +81,11 @@ pub const STORED: &str = "gpu_samples_1m_stored";
 /// The materializer's state, relative to the data directory.
 pub const STATE_FILE: &str = "derived/rollup.json";
 
-/// The window end → minute end expression: `t` rounded up to the minute.
+/// The window end → minute label expression: `t` rounded down to the minute.
 /// (`date_bin` answers in ns; the table is µs.)
-const MINUTE_END: &str = "arrow_cast(date_bin(INTERVAL '1 minute', w.time - INTERVAL '1 microsecond') + INTERVAL '1 \
-     minute', 'Timestamp(Microsecond, Some(\"UTC\"))')";
+const MINUTE_START: &str = "arrow_cast(date_bin(INTERVAL '1 minute', w.time), 'Timestamp(Microsecond, Some(\"UTC\"))')";
 
-/// Minutes by their end time: `[from, to)` in µs; `None` is unbounded.
+/// Minutes by their label (start time): `[from, to)` in µs; `None` is unbounded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Minutes {
     pub from: Option<i64>,
@@ -94,12 +95,12 @@ pub struct Minutes {
 impl Minutes {
     pub const ALL: Minutes = Minutes { from: None, to: None };
 
-    /// The minutes of UTC day `day`'s partition (ends 00:00:00 … 23:59:00).
+    /// The minutes of UTC day `day`'s partition (00:00:00 … 23:59:00).
     pub fn day(day: i64) -> Minutes {
         Minutes { from: Some(day * MICROS_PER_DAY), to: Some((day + 1) * MICROS_PER_DAY) }
     }
 
-    /// The minutes whose end may lie in `range` (inclusive µs bounds of `time`).
+    /// The minutes whose label may lie in `range` (inclusive µs bounds of `time`).
     pub fn covering(range: TimeRange) -> Minutes {
         Minutes { from: range.min.map(ceil_minute), to: range.max.map(|m| floor_minute(m).saturating_add(MINUTE_US)) }
     }
@@ -118,7 +119,7 @@ pub fn floor_minute(t: i64) -> i64 {
     t.div_euclid(MINUTE_US) * MINUTE_US
 }
 
-/// `t` rounded up to the minute: the end of the minute a window ending at `t` is in.
+/// `t` rounded up to the minute.
 pub fn ceil_minute(t: i64) -> i64 {
     let f = floor_minute(t);
     if f == t { t } else { f.saturating_add(MINUTE_US) }
@@ -167,8 +168,8 @@ pub fn rollup_columns() -> Vec<(String, String)> {
 }
 
 /// The rollup of `gpu_samples` for the minutes `minutes`, as DataFusion SQL. The bounds
-/// become bounds on the raw `time` (a minute ending at `m` reads windows ending in
-/// `(m − 60 s, m]`), so only the raw partitions needed are read.
+/// become bounds on the raw `time` (the minute `m` reads windows ending in
+/// `[m, m + 60 s)`), so only the raw partitions needed are read.
 pub fn rollup_sql(minutes: Minutes) -> String {
     rollup_sql_of(minutes, None)
 }
@@ -179,6 +180,34 @@ pub fn rollup_sql(minutes: Minutes) -> String {
 pub struct GpuSlice<'a> {
     pub first: &'a str,
     pub last: &'a str,
+}
+
+impl GpuSlice<'_> {
+    fn filter(self) -> String {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        format!("gpu_uuid >= {} AND gpu_uuid <= {}", quote(self.first), quote(self.last))
+    }
+}
+
+/// Day `day`'s rows labelled by their start, made from stored rows labelled by their end
+/// ([`Labels::End`]) for the GPUs of `slice`: the end-labelled minutes `(E 00:00, E+1
+/// 00:00]`, each moved back one minute, in partition order. `with_next`: the row
+/// labelled E+1 00:00, stored in day E+1's partition, is still end-labelled (it becomes
+/// E 23:59); otherwise that minute is left out.
+pub fn relabel_sql(day: i64, with_next: bool, slice: GpuSlice<'_>) -> String {
+    let columns: Vec<String> = rollup_columns()
+        .into_iter()
+        .map(|(_, n)| if n == "time" { format!("{n} - INTERVAL '1 minute' AS {n}") } else { n })
+        .collect();
+    let (from, to) = (day.saturating_mul(MICROS_PER_DAY), day.saturating_add(1).saturating_mul(MICROS_PER_DAY));
+    format!(
+        "SELECT {} FROM {NAME} WHERE time > {} AND time {} {} AND {} ORDER BY gpu_uuid, time",
+        columns.join(", "),
+        lit(from),
+        if with_next { "<=" } else { "<" },
+        lit(to),
+        slice.filter()
+    )
 }
 
 /// [`rollup_sql`] for the GPUs of `slice` only, in the order a partition is stored
@@ -195,12 +224,12 @@ pub fn raw_filter(minutes: Minutes) -> String {
 
 fn raw_bounds(minutes: Minutes) -> Vec<String> {
     let mut bounds = Vec::new();
+    // Minutes from `from` to `to` (minute boundaries) ⇔ window ends in [from, to).
     if let Some(from) = minutes.from {
-        bounds.push(format!("time > {}", lit(from.saturating_sub(MINUTE_US))));
+        bounds.push(format!("time >= {}", lit(from)));
     }
     if let Some(to) = minutes.to {
-        // Minute ends < to (a minute boundary) ⇔ window ends ≤ to − 60 s.
-        bounds.push(format!("time <= {}", lit(to.saturating_sub(MINUTE_US))));
+        bounds.push(format!("time < {}", lit(to)));
     }
     bounds
 }
@@ -208,13 +237,10 @@ fn raw_bounds(minutes: Minutes) -> Vec<String> {
 fn rollup_sql_of(minutes: Minutes, slice: Option<GpuSlice<'_>>) -> String {
     let select: Vec<String> = rollup_columns().into_iter().map(|(e, n)| format!("{e} AS {n}")).collect();
     let mut bounds = raw_bounds(minutes);
-    if let Some(GpuSlice { first, last }) = slice {
-        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
-        bounds.push(format!("gpu_uuid >= {} AND gpu_uuid <= {}", quote(first), quote(last)));
-    }
+    bounds.extend(slice.map(GpuSlice::filter));
     let filter = if bounds.is_empty() { String::new() } else { format!(" WHERE {}", bounds.join(" AND ")) };
     format!(
-        "SELECT {} FROM (SELECT *, {MINUTE_END} AS minute FROM {RAW} AS w{filter}) AS w GROUP BY w.gpu_uuid, minute",
+        "SELECT {} FROM (SELECT *, {MINUTE_START} AS minute FROM {RAW} AS w{filter}) AS w GROUP BY w.gpu_uuid, minute",
         select.join(", ")
     )
 }
@@ -267,11 +293,11 @@ pub struct InputFile {
     pub bytes: u64,
 }
 
-/// The raw files rollup day `day` reads now: those of raw days `day − 1` and `day`.
+/// The raw files rollup day `day` reads now: those of raw day `day`.
 pub fn inputs(raw: &[DataFile], day: i64) -> Vec<InputFile> {
     let mut v: Vec<InputFile> = raw
         .iter()
-        .filter(|f| f.day.is_some_and(|d| d == day || d == day - 1))
+        .filter(|f| f.day == Some(day))
         .map(|f| InputFile {
             name: format!(
                 "{}/{}",
@@ -294,9 +320,37 @@ pub struct DayState {
     pub rows: usize,
 }
 
+/// How the stored minute rows are labelled.
+///
+/// State files written before 2026-12-05 have no `labels` and read as [`Labels::End`].
+/// The materializer moves such a directory over once: it forgets every day's record
+/// ([`Labels::Relabelling`]), so days raw data still covers are re-rolled from raw, and
+/// it rewrites each older stored day with every row moved back one minute (the old
+/// minute `(m − 60 s, m]` becomes `[m − 60 s, m)`: the same windows but the one ending
+/// exactly at `m − 60 s`), recording each day as it is done; then [`Labels::Start`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Labels {
+    /// Minutes by their end: no stored day can be trusted by the query layer.
+    End,
+    /// Being moved over: a stored day is labelled by its start once it has a record.
+    Relabelling,
+    /// Minutes by their start.
+    #[default]
+    Start,
+}
+
+impl Labels {
+    fn legacy() -> Labels {
+        Labels::End
+    }
+}
+
 /// `<data_dir>/derived/rollup.json`: per materialized date, the raw files it read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RollupState {
+    #[serde(default = "Labels::legacy")]
+    pub labels: Labels,
     pub days: BTreeMap<i64, DayState>,
 }
 
@@ -346,7 +400,7 @@ pub enum DayStatus {
     /// Not stored.
     Missing,
     /// Stored, but raw files it did not read exist (late data, compaction), or stored
-    /// without a record of what it read.
+    /// without a record of what it read, or labelled by minute ends ([`Labels::End`]).
     Stale,
     /// Raw rows of the day are still only in memory (not in any file yet).
     InMemory,
@@ -365,21 +419,19 @@ impl RawView {
         let mut memory_days = BTreeSet::new();
         for b in batches {
             let Some((lo, hi)) = b.column_by_name("time").and_then(time_span) else { continue };
-            for d in ceil_minute(lo).div_euclid(MICROS_PER_DAY)..=ceil_minute(hi).div_euclid(MICROS_PER_DAY) {
+            for d in lo.div_euclid(MICROS_PER_DAY)..=hi.div_euclid(MICROS_PER_DAY) {
                 memory_days.insert(d);
             }
         }
         RawView { files, memory_days }
     }
 
-    /// The rollup days raw data affects: raw day r feeds rollup days r and r + 1 (its
-    /// last minute's windows); `None` if a raw file's day is unknown.
+    /// The rollup days raw data affects: raw day r feeds rollup day r alone; `None` if
+    /// a raw file's day is unknown.
     pub fn affected_days(&self) -> Option<BTreeSet<i64>> {
         let mut days = self.memory_days.clone();
         for f in &self.files {
-            let d = f.day?;
-            days.insert(d);
-            days.insert(d + 1);
+            days.insert(f.day?);
         }
         Some(days)
     }
@@ -394,6 +446,9 @@ impl RawView {
             return DayStatus::Missing;
         }
         let Some(state) = state else { return DayStatus::Current };
+        if state.labels == Labels::End {
+            return DayStatus::Stale;
+        }
         let Some(recorded) = state.days.get(&day) else { return DayStatus::Stale };
         if inputs(&self.files, day).iter().all(|f| recorded.inputs.binary_search(f).is_ok()) {
             DayStatus::Current
@@ -552,13 +607,14 @@ mod tests {
     }
 
     #[test]
-    fn sql_bounds_the_raw_time_by_minute_ends() {
-        // Day 2026-11-19 = 20776: windows ending in (11-18 23:59:00, 11-19 23:59:00].
+    fn sql_bounds_the_raw_time_by_minute_starts() {
+        // Day 2026-11-19 = 20776: windows ending in [11-19 00:00:00, 11-20 00:00:00).
         let sql = rollup_sql(Minutes::day(20_776));
         assert!(
-            sql.contains("time > '2026-11-18T23:59:00.000000Z' AND time <= '2026-11-19T23:59:00.000000Z'"),
+            sql.contains("time >= '2026-11-19T00:00:00.000000Z' AND time < '2026-11-20T00:00:00.000000Z'"),
             "{sql}"
         );
+        assert!(sql.contains("date_bin(INTERVAL '1 minute', w.time)"), "{sql}");
         assert!(sql.contains("CAST(avg(w.gpu_util) AS DOUBLE) AS gpu_util_mean"), "{sql}");
         assert!(sql.contains("min(w.gpu_util) AS gpu_util_min, max(w.gpu_util) AS gpu_util_max,"), "{sql}");
         assert!(sql.contains("CAST(avg(w.gpu_util_max) AS DOUBLE) AS gpu_util_max_mean"), "{sql}");
@@ -572,7 +628,24 @@ mod tests {
     }
 
     #[test]
-    fn minutes_round_to_minute_ends() {
+    fn relabelling_moves_end_labels_back_a_minute() {
+        let sql = relabel_sql(20_776, true, GpuSlice { first: "GPU-a", last: "GPU-b" });
+        assert!(sql.starts_with("SELECT time - INTERVAL '1 minute' AS time, window_s, cluster,"), "{sql}");
+        assert!(
+            sql.ends_with(
+                "FROM gpu_samples_1m WHERE time > '2026-11-19T00:00:00.000000Z' AND time <= \
+                 '2026-11-20T00:00:00.000000Z' AND gpu_uuid >= 'GPU-a' AND gpu_uuid <= 'GPU-b' ORDER BY gpu_uuid, time"
+            ),
+            "{sql}"
+        );
+        let last = relabel_sql(20_776, false, GpuSlice { first: "GPU-a", last: "GPU-b" });
+        assert!(last.contains("AND time < '2026-11-20T00:00:00.000000Z'"), "{last}");
+    }
+
+    #[test]
+    fn minutes_cover_their_labels() {
+        assert_eq!(floor_minute(-1), -MINUTE_US);
+        assert_eq!(floor_minute(MINUTE_US + 1), MINUTE_US);
         assert_eq!(ceil_minute(0), 0);
         assert_eq!(ceil_minute(1), MINUTE_US);
         assert_eq!(ceil_minute(-1), 0);
@@ -592,7 +665,7 @@ mod tests {
             ),
             "{sql}"
         );
-        assert!(sql.contains("WHERE time > '2026-11-18T23:59:00.000000Z')"), "{sql}");
+        assert!(sql.contains("WHERE time >= '2026-11-19T00:00:00.000000Z')"), "{sql}");
         assert_eq!(view_sql(LiveFrom::Nothing, Minutes::ALL), "SELECT * FROM gpu_samples_1m_stored");
         assert_eq!(view_sql(LiveFrom::Everything, Minutes::ALL), rollup_sql(Minutes::ALL));
     }
@@ -604,14 +677,19 @@ mod tests {
     #[test]
     fn staleness_and_watermark() {
         let raw = RawView { files: vec![file(10, "a", 1), file(11, "b", 2)], memory_days: BTreeSet::new() };
-        // Raw days 10, 11 affect rollup days 10, 11, 12.
-        assert_eq!(raw.affected_days(), Some(BTreeSet::from([10, 11, 12])));
+        // Raw days 10, 11 affect rollup days 10, 11 and no other.
+        assert_eq!(raw.affected_days(), Some(BTreeSet::from([10, 11])));
+        assert_eq!(inputs(&raw.files, 11), [InputFile { name: "11/b".into(), bytes: 2 }]);
         let stored = BTreeSet::from([10, 11]);
         let mut state = RollupState::default();
         state.days.insert(10, DayState { inputs: inputs(&raw.files, 10), ..Default::default() });
         state.days.insert(11, DayState { inputs: inputs(&raw.files, 11), ..Default::default() });
-        assert_eq!(raw.live_from(&stored, Some(&state)), LiveFrom::Time(12 * MICROS_PER_DAY));
+        assert_eq!(raw.live_from(&stored, Some(&state)), LiveFrom::Nothing);
         assert_eq!(raw.status(12, &stored, Some(&state)), DayStatus::Missing);
+        // Rows labelled by minute ends (an old state file) are never current.
+        let old = RollupState { labels: Labels::End, ..state.clone() };
+        assert_eq!(raw.status(11, &stored, Some(&old)), DayStatus::Stale);
+        assert_eq!(raw.live_from(&stored, Some(&old)), LiveFrom::Time(10 * MICROS_PER_DAY));
         // A late file for day 11 (compaction or late data) makes 11 stale.
         let mut late = raw.clone();
         late.files.push(file(11, "c", 3));
@@ -626,8 +704,7 @@ mod tests {
         assert_eq!(mem.live_from(&stored, Some(&state)), LiveFrom::Time(10 * MICROS_PER_DAY));
         // No state kept: stored days are trusted.
         assert_eq!(raw.status(11, &stored, None), DayStatus::Current);
-        let all = BTreeSet::from([10, 11, 12]);
-        assert_eq!(raw.live_from(&all, None), LiveFrom::Nothing);
+        assert_eq!(raw.live_from(&stored, None), LiveFrom::Nothing);
     }
 
     #[tokio::test]
@@ -658,5 +735,9 @@ mod tests {
         );
         s.save(&path).expect("save");
         assert_eq!(RollupState::load(&path).expect("load"), s);
+        // A state file from before start labels has no `labels`: minutes by their end.
+        std::fs::write(&path, r#"{"days": {}}"#).expect("write");
+        assert_eq!(RollupState::load(&path).expect("load").labels, Labels::End);
+        assert_eq!(RollupState::default().labels, Labels::Start);
     }
 }

@@ -11,8 +11,10 @@
 //!  alerts, recommendations             ─► └─ TableScan <table>
 //!
 //!  gpu_samples, gpu_processes,            RightSemi join on gpu_uuid = a.gpu_uuid
-//!  gpu_samples_1m                      ─►   AND time > a.start_time     (1m: time − 1 min ≥)
+//!  gpu_samples_1m                      ─►   AND time > a.start_time
 //!                                           AND (a.end_time IS NULL OR time <= a.end_time)
+//!                                               (1m: time + 1 min <= coalesce(a.end_time,
+//!                                                                  a.held_through))
 //!                                           AND the row's holder is a's (below)
 //!                                         ├─ Filter team = '<name>' └─ TableScan allocations
 //!                                         └─ TableScan <table>
@@ -33,12 +35,14 @@
 //! New tables inherit this by having a [`Rule`]; a table without one is left out of
 //! scoped sessions (fail closed).
 //!
-//! **Whose row.** Rows of GPU tables are labelled by the end of what they cover (a
-//! window, a minute), and an allocation runs from the start of its first window to the
-//! end of its last, so a row belongs to an allocation when its `time` is in
-//! `(start_time, end_time]` — the previous holder's last window stays theirs, the next
-//! holder's first is theirs. A minute of `gpu_samples_1m` must lie wholly inside one
-//! allocation (a minute that spans a hand-over mixes two holders and is no one's). The
+//! **Whose row.** Windows and process samples are labelled by their end, and an
+//! allocation runs from the start of its first window to the end of its last, so a row
+//! belongs to an allocation when its `time` is in `(start_time, end_time]` — the
+//! previous holder's last window stays theirs, the next holder's first is theirs. A
+//! minute of `gpu_samples_1m` is labelled by its start and holds the windows ending in
+//! `[time, time + 1 min)`; it must lie wholly inside one allocation (a minute that spans
+//! a hand-over mixes two holders and is no one's): `time > start_time` and
+//! `time + 1 min <= end_time`. The
 //! ledger keeps a holder's latest allocation open (`end_time` NULL) between passes, so a
 //! window or process row must also name the allocation's holder itself: `owner_kind` and
 //! `owner` of a window, `namespace/pod` or `job_id` of a process (static and process-user
@@ -110,8 +114,8 @@ pub enum Held {
     Window,
     /// A process sample at `time`, with the holder's `namespace`/`pod` or `job_id`.
     Process,
-    /// A minute labelled by its end (`time`); it carries no holder, so the whole minute
-    /// must lie inside the allocation.
+    /// A minute labelled by its start (`time`); it carries no holder, so the whole
+    /// minute must lie inside the allocation.
     Minute,
 }
 
@@ -185,20 +189,20 @@ impl ScopedTable {
                     .build()?;
                 let (t, a) = (|n: &str| c(table, n), |n: &str| c(HELD, n));
                 // An allocation runs from the start of its first window to the end of its
-                // last, and rows are labelled by their end: a row belongs to it when its
-                // end is in (start_time, end_time], so no row crosses a hand-over.
-                let starts_after = match held_by {
-                    Held::Minute => {
-                        let minute = lit(datafusion::common::ScalarValue::new_interval_mdn(0, 0, 60_000_000_000));
-                        (t("time") - minute).gt_eq(a("start_time"))
-                    }
-                    Held::Window | Held::Process => t("time").gt(a("start_time")),
-                };
+                // last, and windows are labelled by their end: a row belongs to it when
+                // its windows' ends are in (start_time, end_time], so no row crosses a
+                // hand-over. A minute holds the windows ending in [time, time + 1 min).
+                let starts_after = t("time").gt(a("start_time"));
                 let ends_before = match held_by {
                     // A minute has no holder of its own: an open allocation covers it only
                     // up to the newest window the ledger saw held (NULL: not at all).
-                    Held::Minute => t("time")
-                        .lt_eq(datafusion::functions::core::expr_fn::coalesce(vec![a("end_time"), a("held_through")])),
+                    Held::Minute => {
+                        let minute = lit(datafusion::common::ScalarValue::new_interval_mdn(0, 0, 60_000_000_000));
+                        (t("time") + minute).lt_eq(datafusion::functions::core::expr_fn::coalesce(vec![
+                            a("end_time"),
+                            a("held_through"),
+                        ]))
+                    }
                     Held::Window | Held::Process => a("end_time").is_null().or(t("time").lt_eq(a("end_time"))),
                 };
                 // Until the ledger closes an allocation its end is NULL; the row's own

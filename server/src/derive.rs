@@ -4,10 +4,11 @@
 //! ```text
 //!  every [rollup] interval (default 1m), one pass at a time:
 //!    raw = Store snapshot of gpu_samples (files + memtable)
-//!    for each rollup day E that raw data affects (raw day r feeds E = r and r + 1),
+//!    (once, in a directory whose minutes are labelled by their end: relabel, below)
+//!    for each rollup day E that raw data affects (raw day E feeds rollup day E alone),
 //!        E finished (E's end + storage.compaction_delay passed), E's end within raw retention,
 //!        E missing or stale (rollup::RawView::status against <data>/derived/rollup.json):
-//!      inputs = raw files of days E−1, E (taken before the query)
+//!      inputs = raw files of day E (taken before the query)
 //!      for each slice of [rollup] gpus_per_query GPUs (64), in UUID order:
 //!        rows = QueryEngine::rollup_slice(minutes of E, slice)  — from gpu_samples only
 //!        ─► Store::replace_partition_sorted(gpu_samples_1m, E)   — written as they come
@@ -15,12 +16,19 @@
 //!      rollup.json[E] = inputs (written atomically, after the partition)
 //! ```
 //!
-//! Stale: a raw file of E−1/E exists that the stored day did not read (late data,
+//! Stale: a raw file of E exists that the stored day did not read (late data,
 //! compaction); files that disappeared (retention) do not count. Days with raw rows still
 //! only in memory wait for the persist. The query layer reads the same state file, so a
 //! stale day is computed live until it is re-rolled; the state is written after the
 //! partition, so a crash in between leaves the day stale (re-rolled), never wrong.
 //! Errors are logged and the day is retried at the next pass.
+//!
+//! Relabel: minutes were labelled by their end before 2026-12-05 (a state file without
+//! `labels`, [`rollup::Labels`]). The first pass forgets every day's record, so days
+//! that raw data still covers are re-rolled from raw; each older stored day is rewritten
+//! from its stored rows moved back one minute (`rollup::relabel_sql`, the same slices and
+//! writer), oldest first, and recorded as it is done, so a crash resumes where it
+//! stopped; when none is left the state says `start`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +37,7 @@ use apron_collector::{Store, Table};
 use apron_common::{UnixMicros, civil_from_days};
 use apron_query::QueryEngine;
 use apron_query::TableSource;
-use apron_query::rollup::{self, DayState, DayStatus, GpuSlice, Minutes, RawView, RollupState};
+use apron_query::rollup::{self, DayState, DayStatus, GpuSlice, Labels, Minutes, RawView, RollupState};
 use serde::Deserialize;
 
 const DAY_US: i64 = 86_400_000_000;
@@ -77,11 +85,23 @@ enum Part {
     End,
 }
 
+/// Where a day's rows come from.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// Rolled up from `gpu_samples`.
+    Raw,
+    /// Stored rows labelled by their end, moved back a minute
+    /// ([`rollup::relabel_sql`]); `with_next` as there.
+    Relabel { with_next: bool },
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeriveReport {
     /// `(date, rows)` of the days materialized.
     pub materialized: Vec<(String, usize)>,
+    /// `(date, rows)` of the stored days moved from end to start labels.
+    pub relabelled: Vec<(String, usize)>,
     /// Dates left for a later pass because raw rows of them are still in memory.
     pub waiting: Vec<String>,
     /// Failures; each day is retried at the next pass.
@@ -150,6 +170,15 @@ impl Materializer {
         let before = state.days.len();
         state.days.retain(|d, _| stored_days.contains(d));
         let mut dirty = state.days.len() != before;
+        if state.labels != Labels::Start {
+            match self.relabel(&mut state, &view, &stored_days, now_us, &mut report).await {
+                Ok(()) => dirty = false,
+                Err(e) => {
+                    report.errors.push(e);
+                    return report;
+                }
+            }
+        }
 
         let config = store.config();
         let delay = i64::try_from(config.compaction_delay.as_micros()).unwrap_or(i64::MAX);
@@ -172,7 +201,7 @@ impl Materializer {
             }
             let inputs = rollup::inputs(&view.files, day);
             let started = std::time::Instant::now();
-            match self.materialize(day, &date).await {
+            match self.materialize(day, &date, Source::Raw).await {
                 Ok(rows) => {
                     state.days.insert(day, DayState { inputs, materialized_us: now_us, rows });
                     dirty = true;
@@ -197,6 +226,47 @@ impl Materializer {
         report
     }
 
+    /// Moves a directory whose stored minutes are labelled by their end over to start
+    /// labels (see the module docs); `Err` stops the pass, which resumes next time.
+    async fn relabel(
+        &self,
+        state: &mut RollupState,
+        view: &RawView,
+        stored_days: &std::collections::BTreeSet<i64>,
+        now_us: i64,
+        report: &mut DeriveReport,
+    ) -> Result<(), String> {
+        if state.labels == Labels::End {
+            tracing::info!(
+                days = stored_days.len(),
+                "gpu_samples_1m: relabelling stored minutes by their start (once)"
+            );
+            state.days.clear();
+            state.labels = Labels::Relabelling;
+            self.save(state).await?;
+        }
+        let raw_days = view.affected_days().unwrap_or_default();
+        // End-labelled: stored, not covered by raw (re-rolled from raw instead), not done.
+        let old = |d: i64, state: &RollupState| {
+            stored_days.contains(&d) && !raw_days.contains(&d) && !state.days.contains_key(&d)
+        };
+        let days: Vec<i64> = stored_days.iter().copied().filter(|&d| old(d, state)).collect();
+        for day in days {
+            let date = date_string(day);
+            let started = std::time::Instant::now();
+            let rows = self
+                .materialize(day, &date, Source::Relabel { with_next: old(day + 1, state) })
+                .await
+                .map_err(|e| format!("relabelling {date}: {e}"))?;
+            tracing::info!(%date, rows, elapsed_ms = started.elapsed().as_millis() as u64, "relabelled gpu_samples_1m");
+            state.days.insert(day, DayState { inputs: Vec::new(), materialized_us: now_us, rows });
+            self.save(state).await?;
+            report.relabelled.push((date, rows));
+        }
+        state.labels = Labels::Start;
+        self.save(state).await
+    }
+
     async fn save(&self, state: &RollupState) -> Result<(), String> {
         let (state, path) = (state.clone(), self.state_path.clone());
         tokio::task::spawn_blocking(move || state.save(&path))
@@ -208,16 +278,25 @@ impl Materializer {
     /// Rolls up day `day` from `gpu_samples` and replaces its partition: a slice of GPUs
     /// at a time, in UUID order, each slice's minutes handed to the partition writer as
     /// they come — the day is never whole in memory.
-    async fn materialize(&self, day: i64, date: &str) -> Result<usize, String> {
+    async fn materialize(&self, day: i64, date: &str, source: Source) -> Result<usize, String> {
         let minutes = Minutes::day(day);
-        let gpus = crate::ledger::strings(
-            &self.engine,
-            &format!(
-                "SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {} ORDER BY gpu_uuid",
+        let gpus_sql = match source {
+            Source::Raw => format!(
+                "SELECT DISTINCT gpu_uuid FROM {} WHERE {} ORDER BY gpu_uuid",
+                rollup::RAW,
                 rollup::raw_filter(minutes)
             ),
-        )
-        .await?;
+            Source::Relabel { .. } => {
+                let (from, to) = (UnixMicros(day * DAY_US), UnixMicros((day + 1) * DAY_US));
+                format!(
+                    "SELECT DISTINCT gpu_uuid FROM {} WHERE time >= '{}' AND time <= '{}' ORDER BY gpu_uuid",
+                    rollup::NAME,
+                    from.to_rfc3339(),
+                    to.to_rfc3339()
+                )
+            }
+        };
+        let gpus = crate::ledger::strings(&self.engine, &gpus_sql).await?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Part>(2);
         let (store, owned_date) = (self.store.clone(), date.to_owned());
         let writer = tokio::task::spawn_blocking(move || {
@@ -234,11 +313,14 @@ impl Materializer {
         let produced: Result<(), String> = async {
             for chunk in gpus.chunks(self.gpus_per_query) {
                 let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
-                let result = self
-                    .engine
-                    .rollup_slice(minutes, GpuSlice { first, last })
-                    .await
-                    .map_err(|e| format!("rollup query: {e}"))?;
+                let slice = GpuSlice { first, last };
+                let result = match source {
+                    Source::Raw => self.engine.rollup_slice(minutes, slice).await,
+                    Source::Relabel { with_next } => {
+                        self.engine.execute_internal(&rollup::relabel_sql(day, with_next, slice)).await
+                    }
+                }
+                .map_err(|e| format!("rollup query: {e}"))?;
                 for b in &result.batches {
                     let wire = rollup::to_wire(b).map_err(|e| format!("converting the rollup rows: {e}"))?;
                     rows += wire.num_rows();

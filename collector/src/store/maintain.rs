@@ -69,6 +69,7 @@ impl Inner {
             due
         };
         for p in due {
+            let _commit = lock(&self.commit_lock);
             match compact::finish(&self.storage, &p.partition) {
                 Ok(n) => report.superseded_removed += n,
                 Err(e) => {
@@ -93,6 +94,7 @@ impl Inner {
             }
             for date in compact::expired(dates.iter().map(String::as_str), now_us, retention) {
                 // Out of every listing first, then off the disk.
+                let _commit = lock(&self.commit_lock);
                 lock(&self.state).files.entry(table).or_default().retain(|f| f.date != date);
                 let dir = compact::partition_dir(data, table, &date);
                 lock(&self.pending).retain(|p| p.partition != dir);
@@ -123,18 +125,36 @@ impl Inner {
                     continue; // the last merge's inputs are still in their grace
                 }
                 let started = Instant::now();
-                let result = compact::merge(&self.storage, &plan, &options, self.merge_rows(plan.table))
-                    .and_then(|staged| compact::commit(&self.storage, &plan, &staged).map(|_| staged));
-                let staged = match result {
-                    Ok(s) => s,
+                // The merge runs without the commit lock; its commit takes it, and checks
+                // that no replacement of the partition's files came in between.
+                let result =
+                    compact::merge(&self.storage, &plan, &options, self.merge_rows(plan.table)).and_then(|staged| {
+                        let _commit = lock(&self.commit_lock);
+                        if partition.join(JOURNAL).exists() || !self.listed(&plan) {
+                            let _ = std::fs::remove_file(&staged.tmp);
+                            return Ok(None);
+                        }
+                        compact::commit(&self.storage, &plan, &staged)?;
+                        let output = self.storage.published(staged.file.clone());
+                        self.swap(&plan, &output);
+                        lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
+                        Ok(Some((staged, output)))
+                    });
+                let (staged, output) = match result {
+                    Ok(Some(done)) => done,
+                    Ok(None) => {
+                        tracing::info!(
+                            table = table.name(),
+                            date = %plan.date,
+                            "a compaction's inputs were replaced while it merged; dropped"
+                        );
+                        continue;
+                    }
                     Err(e) => {
                         report.errors.push(format!("compacting {} {}: {e}", table.name(), plan.date));
                         continue;
                     }
                 };
-                let output = self.storage.published(staged.file.clone());
-                self.swap(&plan, &output);
-                lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
                 let c = Compacted {
                     table,
                     date: plan.date.clone(),
@@ -220,9 +240,11 @@ impl Inner {
 
     /// Publishes `staged` in place of the partition's files, one replacement at a time.
     /// Staging happens before the lock (it may take as long as its producer), so a long
-    /// materialization does not hold up compaction or retention.
+    /// materialization does not hold up compaction or retention; and a compaction holds
+    /// the lock only while it commits, so the writer does not wait for a merge either
+    /// (a merge whose inputs this replaced is dropped at its commit).
     fn commit_replacement(&self, table: Table, date: &str, staged: StagedFile) -> Result<PersistedFile, StoreError> {
-        let _one_at_a_time = lock(&self.maintain_lock);
+        let _one_at_a_time = lock(&self.commit_lock);
         let partition = compact::partition_dir(&self.config.data_dir, table, date);
         // A previous replacement still in its grace: its old files go now, so the new
         // journal cannot hide its record of them.
@@ -241,6 +263,13 @@ impl Inner {
         self.swap(&plan, &output);
         lock(&self.pending).push(Pending { due: Instant::now() + self.config.superseded_grace, partition });
         Ok(output)
+    }
+
+    /// Whether every input of `plan` is still listed (no replacement took them away).
+    fn listed(&self, plan: &Plan) -> bool {
+        let st = lock(&self.state);
+        let list = st.files.get(&plan.table).map(Vec::as_slice).unwrap_or_default();
+        plan.inputs.iter().all(|i| list.iter().any(|f| f.path == i.path))
     }
 
     /// Makes `output` visible in place of `plan.inputs`, in one step for readers.

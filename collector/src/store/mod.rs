@@ -130,7 +130,13 @@ struct Inner {
     state: Mutex<State>,
     dedup: Mutex<Dedup>,
     persist_lock: Mutex<()>,
+    /// One maintenance pass (retention, compaction) at a time.
     maintain_lock: Mutex<()>,
+    /// One change of a partition's file set by a journal at a time: a compaction's
+    /// commit, a derived table's replacement, a superseded set's removal, retention.
+    /// Held only around the change, never across a merge, so a derived partition's
+    /// writer waits for a commit, not for a whole compaction pass.
+    commit_lock: Mutex<()>,
     /// Committed compactions whose inputs are in their grace period.
     pending: Mutex<Vec<maintain::Pending>>,
     /// Subscribers to what ingest writes (the cost ledger).
@@ -253,6 +259,7 @@ impl Store {
             dedup: Mutex::new(dedup),
             persist_lock: Mutex::new(()),
             maintain_lock: Mutex::new(()),
+            commit_lock: Mutex::new(()),
             pending: Mutex::new(Vec::new()),
             feeds: crate::changes::Feeds::default(),
             signal: Mutex::new(Signal::default()),

@@ -193,7 +193,7 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
         "SELECT count(*) FROM gpu_samples WHERE gpu_uuid IN ('GPU-B', 'GPU-C')".to_owned(),
         format!("SELECT count(*) FROM gpu_samples WHERE gpu_uuid = 'GPU-A' AND time >= {after}"),
         format!("SELECT count(*) FROM gpu_samples WHERE gpu_uuid = 'GPU-A' AND time BETWEEN {after} AND {}", ts(T0 + 61 * MIN)),
-        format!("SELECT count(*) FROM gpu_samples_1m WHERE gpu_uuid = 'GPU-B' OR (gpu_uuid = 'GPU-A' AND time > {})", ts(HANDOVER + MIN)),
+        format!("SELECT count(*) FROM gpu_samples_1m WHERE gpu_uuid = 'GPU-B' OR (gpu_uuid = 'GPU-A' AND time >= {})", ts(HANDOVER)),
         "SELECT count(*) FROM gpu_processes WHERE gpu_uuid IN ('GPU-B', 'GPU-C')".to_owned(),
         // Joins, in both directions and self-joins.
         "SELECT count(*) FROM gpu_samples s JOIN allocations a ON s.gpu_uuid = a.gpu_uuid WHERE a.team <> 'vision'".to_owned(),

@@ -70,15 +70,16 @@ fn rule_count_sql(table: &str) -> String {
 }
 
 /// The rows of `table` (aliased `s`) team `vision` may see, as docs/security.md states
-/// them today. Rows are labelled by the end of what they cover, so the interval of an
-/// allocation `a` is `(start_time, end_time]`:
+/// them today. Windows and process samples are labelled by their end, so the interval
+/// of an allocation `a` is `(start_time, end_time]`; a minute by its start, holding the
+/// windows ending in `[time, time + 1 minute)`:
 /// - `gpu_samples`: `time` in it, and the window names `a`'s holder (`owner_kind`/`owner`;
 ///   no owner for `static`/`process` allocations);
 /// - `gpu_processes`: `time` in it, and the process names `a`'s holder
 ///   (`namespace || '/' || pod = owner` for pods, `job_id = owner` for Slurm jobs);
-/// - `gpu_samples_1m`: minutes wholly inside it, `time - 1 minute >= start_time`, and
-///   while `a` is open only up to the newest window the ledger saw held
-///   (`time <= coalesce(end_time, held_through)`);
+/// - `gpu_samples_1m`: minutes wholly inside it, `time > start_time`, and while `a` is
+///   open only up to the newest window the ledger saw held
+///   (`time + 1 minute <= coalesce(end_time, held_through)`);
 /// - tables with a `team` column: `team = 'vision'`.
 fn rule_where(table: &str) -> String {
     let open_end = "(a.end_time IS NULL OR s.time <= a.end_time)";
@@ -107,8 +108,8 @@ fn rule_where(table: &str) -> String {
             ),
         ),
         "gpu_samples_1m" => held_with(
-            "s.time - INTERVAL '1 minute' >= a.start_time",
-            "s.time <= coalesce(a.end_time, a.held_through)",
+            "s.time > a.start_time",
+            "s.time + INTERVAL '1 minute' <= coalesce(a.end_time, a.held_through)",
             "true",
         ),
         _ => "s.team = 'vision'".to_owned(),

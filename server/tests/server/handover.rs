@@ -83,6 +83,12 @@ fn ends(from_min: i64, to_min: i64, step: i64) -> BTreeSet<i64> {
     (from_min * 60 / step + 1..=to_min * 60 / step).map(|i| i * step).collect()
 }
 
+/// Minute starts (seconds after T0) of the minutes wholly inside the allocation of window
+/// ends `(from, to]` minutes: after `from`, ending by `to`.
+fn starts(from_min: i64, to_min: i64) -> BTreeSet<i64> {
+    (from_min + 1..to_min).map(|m| m * 60).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_sees_the_gpu_exactly_while_it_holds_it() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -145,7 +151,7 @@ async fn a_team_sees_the_gpu_exactly_while_it_holds_it() {
     // with the pass that records them (fail closed).
     assert_eq!(seen(&engine, &vision, "gpu_samples").await, ends(0, 20, 10), "before the pass");
     assert_eq!(seen(&engine, &vision, "gpu_processes").await, ends(0, 20, 10), "before the pass");
-    assert_eq!(seen(&engine, &vision, "gpu_samples_1m").await, ends(0, 20, 60), "before the pass");
+    assert_eq!(seen(&engine, &vision, "gpu_samples_1m").await, starts(0, 20), "before the pass");
     assert!(seen(&engine, &ds, "gpu_samples").await.is_empty(), "data-science has no allocation yet");
     let leaked = engine
         .execute_as("SELECT count(*) FROM gpu_processes WHERE process_name LIKE '%ds-private%'", &vision)
@@ -164,10 +170,13 @@ async fn a_team_sees_the_gpu_exactly_while_it_holds_it() {
     assert_eq!(seen(&engine, &ds, "gpu_samples").await, ends(20, 40, 10));
     assert_eq!(seen(&engine, &vision, "gpu_processes").await, vision_windows);
     assert_eq!(seen(&engine, &ds, "gpu_processes").await, ends(20, 40, 10));
-    // Minutes: those wholly inside a team's allocation.
-    let vision_minutes = &ends(0, 20, 60) | &ends(50, 60, 60);
+    // Minutes: those wholly inside a team's allocation. A minute is labelled by its
+    // start and holds the windows ending in [start, start + 1 min); the one starting
+    // exactly at an allocation's start could hold the previous holder's last window, so
+    // it is no one's (fail closed).
+    let vision_minutes = &starts(0, 20) | &starts(50, 60);
     assert_eq!(seen(&engine, &vision, "gpu_samples_1m").await, vision_minutes);
-    assert_eq!(seen(&engine, &ds, "gpu_samples_1m").await, ends(20, 40, 60));
+    assert_eq!(seen(&engine, &ds, "gpu_samples_1m").await, starts(20, 40));
 
     // The same over HTTP, as a vision token: train-1's and train-2's windows only.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

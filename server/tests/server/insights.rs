@@ -309,11 +309,11 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
 
     // Everything clears.
     let second = windows(&[
-        seg(&a, 50 * MIN, 61 * MIN, 0.4, 20.0, Some(nb.clone())),
-        seg(&b, 50 * MIN, 61 * MIN, 0.5, 20.0, Some(nb.clone())),
-        seg(&z, 50 * MIN, 61 * MIN, 0.0, 0.0, None),
-        seg(&u, 50 * MIN, 61 * MIN, 0.0, 0.0, None),
-        seg(&l, 50 * MIN, 61 * MIN, 0.5, 2.0, Some(etl.clone())),
+        seg(a, 50 * MIN, 61 * MIN, 0.4, 20.0, Some(nb.clone())),
+        seg(b, 50 * MIN, 61 * MIN, 0.5, 20.0, Some(nb.clone())),
+        seg(z, 50 * MIN, 61 * MIN, 0.0, 0.0, None),
+        seg(u, 50 * MIN, 61 * MIN, 0.0, 0.0, None),
+        seg(l, 50 * MIN, 61 * MIN, 0.5, 2.0, Some(etl.clone())),
     ]);
     ingest(&server, &second, 1);
     let r = evaluator.evaluate_at(T0 + 61 * MIN).await.expect("evaluate");
@@ -417,7 +417,7 @@ async fn incremental_passes_list_what_whole_passes_list() {
         (
             windows(&[
                 seg(&n, 62 * MIN, 66 * MIN, 0.0, 0.5, Some(etl.clone())),
-                seg(&a, 61 * MIN, 66 * MIN, 0.0, 20.0, Some(nb.clone())),
+                seg(a, 61 * MIN, 66 * MIN, 0.0, 20.0, Some(nb.clone())),
             ]),
             66 * MIN,
             Incremental,

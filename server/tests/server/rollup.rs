@@ -35,8 +35,9 @@ fn window(g: usize, end_us: i64, len: Duration, util: f64, util_max: f64) -> Gpu
     w
 }
 
-/// 2 GPUs × 3 minutes of 1 s windows ending 12:00:01 … 12:03:00 of day D: in minute k
-/// (ending 12:0(k+1):00), second i = 1..=60 of GPU g:
+/// 2 GPUs × 3 minutes of 1 s windows ending 12:00:00 … 12:02:59 of day D: in minute k
+/// (12:0k:00, windows ending 12:0k:00 … 12:0k:59), second i = 1..=60 of GPU g (ending
+/// at 12:0k:(i − 1)):
 /// - gpu_util = b + i/1000 with b = (3g + k)/10, window max = that + 0.1;
 /// - power_watts = 200 + i + 10g for even i, NULL for odd i;
 /// - gpu_temp_c = 50 + g + k.
@@ -47,7 +48,7 @@ fn trace() -> Vec<GpuWindow> {
             for i in 1..=60i64 {
                 let b = (3 * g as i64 + k) as f64 / 10.0;
                 let u = b + i as f64 / 1000.0;
-                let mut w = window(g, NOON + (k * 60 + i) * SEC, Duration::from_secs(1), u, u + 0.1);
+                let mut w = window(g, NOON + (k * 60 + i - 1) * SEC, Duration::from_secs(1), u, u + 0.1);
                 if i % 2 == 0 {
                     w.fields[Field::PowerWatts.index()] = Some(FieldStats::single((200 + i + 10 * g as i64) as f64));
                 }
@@ -67,9 +68,10 @@ fn boundary() -> Vec<GpuWindow> {
         window(0, D * DAY, Duration::from_secs(1), 0.5, 0.5),
         // Ends exactly at D 23:59:00: minute D 23:59:00, the last of partition D.
         window(0, (D + 1) * DAY - 60 * SEC, Duration::from_secs(1), 0.25, 0.25),
-        // Ends at D 23:59:59.5 (raw partition D): minute D+1 00:00:00 (partition D+1).
+        // Ends at D 23:59:59.5 (raw partition D): the same minute.
         window(0, (D + 1) * DAY - SEC / 2, half, 0.75, 0.75),
-        // Ends exactly at D+1 00:00:00 (raw partition D+1): the same minute.
+        // Ends exactly at D+1 00:00:00 (raw partition D+1): minute D+1 00:00:00, the
+        // first of partition D+1.
         window(0, (D + 1) * DAY, half, 0.125, 0.125),
     ]
 }
@@ -118,14 +120,14 @@ fn close(a: Option<f64>, b: Option<f64>, what: &str) {
 
 /// The hand-computed answer, checked row by row.
 fn check(rows: &[serde_json::Value]) {
-    // (gpu, minute end, samples, covered_s, util mean/min/max, util_max mean/max,
+    // (gpu, minute start, samples, covered_s, util mean/min/max, util_max mean/max,
     //  power mean/min/max, temp mean/min/max)
     type Row = (&'static str, &'static str, i64, f64, [f64; 5], [Option<f64>; 3], [Option<f64>; 3]);
     let mut want: Vec<Row> = Vec::new();
     // GPU-0 at D 00:00:00: the one window ending exactly then (util 0.5).
     want.push(("GPU-0", "2026-11-19T00:00:00", 1, 1.0, [0.5, 0.5, 0.5, 0.5, 0.5], [None; 3], [None; 3]));
     for (g, gpu) in [(0, "GPU-0"), (1, "GPU-1")] {
-        for (k, minute) in ["2026-11-19T12:01:00", "2026-11-19T12:02:00", "2026-11-19T12:03:00"].into_iter().enumerate()
+        for (k, minute) in ["2026-11-19T12:00:00", "2026-11-19T12:01:00", "2026-11-19T12:02:00"].into_iter().enumerate()
         {
             let b = (3 * g + k) as f64 / 10.0;
             // mean of i/1000 for i = 1..=60 is 30.5/1000; window maxima are 0.1 higher.
@@ -137,11 +139,11 @@ fn check(rows: &[serde_json::Value]) {
             want.push((gpu, minute, 60, 60.0, util, power, [t; 3]));
         }
         if g == 0 {
-            // D 23:59:00: the window ending exactly then (0.25).
-            want.push((gpu, "2026-11-19T23:59:00", 1, 1.0, [0.25; 5], [None; 3], [None; 3]));
-            // D+1 00:00:00: windows ending 23:59:59.5 (0.75) and 00:00:00 (0.125), 0.5 s
-            // each: mean (0.75 + 0.125) / 2 = 0.4375, covered 1.0.
-            want.push((gpu, "2026-11-20T00:00:00", 2, 1.0, [0.4375, 0.125, 0.75, 0.4375, 0.75], [None; 3], [None; 3]));
+            // D 23:59:00: windows ending 23:59:00 (1 s, 0.25) and 23:59:59.5 (0.5 s,
+            // 0.75): mean (0.25 + 0.75) / 2 = 0.5, covered 1.5.
+            want.push((gpu, "2026-11-19T23:59:00", 2, 1.5, [0.5, 0.25, 0.75, 0.5, 0.75], [None; 3], [None; 3]));
+            // D+1 00:00:00: the window ending exactly then (0.5 s, 0.125).
+            want.push((gpu, "2026-11-20T00:00:00", 1, 0.5, [0.125; 5], [None; 3], [None; 3]));
         }
     }
     // Order by gpu_uuid, time.
@@ -165,6 +167,31 @@ fn check(rows: &[serde_json::Value]) {
         for (j, v) in w.6.iter().enumerate() {
             close(f(&r[15 + j]), *v, &format!("{what}: temp column {j}"));
         }
+    }
+}
+
+/// `date_trunc` groups minutes into exactly the hours and days it groups their windows
+/// into: per GPU, hour and day, the windows and the seconds they cover agree.
+async fn same_hours_and_days(engine: &QueryEngine) {
+    for unit in ["hour", "day"] {
+        let minutes = rows(
+            engine,
+            &format!(
+                "SELECT gpu_uuid, CAST(date_trunc('{unit}', time) AS VARCHAR) AS t, sum(samples), sum(covered_s) \
+                 FROM gpu_samples_1m GROUP BY 1, 2 ORDER BY 1, 2"
+            ),
+        )
+        .await;
+        let windows = rows(
+            engine,
+            &format!(
+                "SELECT gpu_uuid, CAST(date_trunc('{unit}', time) AS VARCHAR) AS t, count(*), sum(window_s) \
+                 FROM gpu_samples GROUP BY 1, 2 ORDER BY 1, 2"
+            ),
+        )
+        .await;
+        assert_eq!(minutes, windows, "{unit}");
+        assert!(minutes.len() >= 3, "{unit}: {minutes:?}");
     }
 }
 
@@ -199,6 +226,7 @@ async fn gpu_samples_1m_live_materialized_and_rerolled() {
     );
     let live = rows(&engine, CHECK).await;
     check(&live);
+    same_hours_and_days(&engine).await;
 
     // Clock: D+2 02:00, so D and D+1 are finished (compaction_delay 1h).
     let now = (D + 2) * DAY + 2 * 3600 * SEC;
@@ -220,9 +248,10 @@ async fn gpu_samples_1m_live_materialized_and_rerolled() {
     assert_eq!(stored, live);
     check(&stored);
     // A time filter bounds both parts.
-    let one = rows(&engine, "SELECT samples FROM gpu_samples_1m WHERE time = '2026-11-20T00:00:00Z'").await;
+    let one = rows(&engine, "SELECT samples FROM gpu_samples_1m WHERE time = '2026-11-19T23:59:00Z'").await;
     assert_eq!(one.len(), 1);
     assert_eq!(one[0][0], 2);
+    same_hours_and_days(&engine).await;
 
     // The stored Parquet: extremes as exact decimals, means as Float64.
     let files = store.persisted_files(Table::GpuSamples1m);
@@ -251,13 +280,13 @@ async fn gpu_samples_1m_live_materialized_and_rerolled() {
     // persist, re-rolled by the next pass.
     let late = window(1, NOON + 30 * SEC + SEC / 2, Duration::from_millis(500), 0.9, 0.9);
     ingest(&store, 3, &[late]);
-    let q = "SELECT samples, CAST(gpu_util_max AS DOUBLE) FROM gpu_samples_1m WHERE gpu_uuid = 'GPU-1' AND time = '2026-11-19T12:01:00Z'";
+    let q = "SELECT samples, CAST(gpu_util_max AS DOUBLE) FROM gpu_samples_1m WHERE gpu_uuid = 'GPU-1' AND time = '2026-11-19T12:00:00Z'";
     assert_eq!(rows(&engine, q).await, [serde_json::json!([61, 0.9])]);
     store.persist_now().expect("persist");
     assert_eq!(rows(&engine, q).await, [serde_json::json!([61, 0.9])], "stale: computed live");
     let r = m.run_once(now).await;
-    // D+1 reads raw day D too (its 00:00 minute), so it is re-rolled as well.
-    assert_eq!(r.materialized, [("2026-11-19".to_owned(), 8), ("2026-11-20".to_owned(), 1)], "{r:?}");
+    // Only D: rollup day D+1 reads raw day D+1 alone.
+    assert_eq!(r.materialized, [("2026-11-19".to_owned(), 8)], "{r:?}");
     assert_eq!(rows(&engine, q).await, [serde_json::json!([61, 0.9])], "re-rolled");
     assert!(plan(&engine, q).await.contains("gpu_samples_1m/date=2026-11-19"));
 
@@ -270,4 +299,64 @@ async fn gpu_samples_1m_live_materialized_and_rerolled() {
     assert_eq!(t, [serde_json::json!(["gpu_samples_1m", "BASE TABLE"])]);
     assert!(engine.execute("SELECT * FROM gpu_samples_1m_stored").await.is_err());
     assert!(engine.execute("CREATE VIEW v AS SELECT * FROM gpu_samples_1m").await.is_err());
+}
+
+/// A data directory from before start labels (stored minutes labelled by their end, a
+/// state file without `labels`) is moved over by the materializer's first pass: days raw
+/// data covers are re-rolled from raw, older ones rewritten from their own rows, and
+/// every minute then reads as if it had been start-labelled from the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_labelled_minutes_are_moved_over_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path()).with_rollup(RollupConfig { gpus_per_query: 1, ..RollupConfig::default() });
+    let (store, engine, m) = (server.store().clone(), server.engine().clone(), server.materializer());
+    ingest(&store, 1, &trace());
+    ingest(&store, 2, &boundary());
+    store.persist_now().expect("persist");
+    let now = (D + 2) * DAY + 2 * 3600 * SEC;
+    assert!(m.run_once(now).await.errors.is_empty());
+    let want = rows(&engine, CHECK).await;
+    check(&want);
+
+    // The same minutes five days earlier as an old version stored them: labelled by
+    // their end, one minute later (D−5 23:59 becomes D−4 00:00, in D−4's partition).
+    let columns: Vec<String> = apron_query::rollup::rollup_columns().into_iter().map(|(_, n)| n).collect();
+    let old = columns.join(", ").replacen("time", "time - INTERVAL '5 days' + INTERVAL '1 minute' AS time", 1);
+    for (day, date) in [(D - 5, "2026-11-14"), (D - 4, "2026-11-15")] {
+        let sql = format!(
+            "SELECT * FROM (SELECT {old} FROM gpu_samples_1m) WHERE time >= '{}' AND time < '{}' ORDER BY gpu_uuid, time",
+            UnixMicros(day * DAY).to_rfc3339(),
+            UnixMicros((day + 1) * DAY).to_rfc3339()
+        );
+        let r = engine.execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let parts: Vec<_> = r.batches.iter().map(apron_query::rollup::to_wire).collect();
+        store.replace_partition_sorted(Table::GpuSamples1m, date, parts.into_iter()).expect("store old minutes");
+    }
+    let state = m.state_path().to_path_buf();
+    std::fs::write(&state, r#"{"days": {}}"#).expect("old state file");
+    // Until moved over, raw-covered days are served live and so are still right.
+    assert_eq!(
+        rows(&engine, CHECK.replace("ORDER BY", "WHERE time >= '2026-11-19T00:00:00Z' ORDER BY").as_str()).await,
+        want
+    );
+
+    let r = m.run_once(now).await;
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert_eq!(r.relabelled, [("2026-11-14".to_owned(), 8), ("2026-11-15".to_owned(), 1)]);
+    assert_eq!(r.materialized, [("2026-11-19".to_owned(), 8), ("2026-11-20".to_owned(), 1)]);
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).expect("state")).expect("json");
+    assert_eq!(saved["labels"], "start");
+    let again = m.run_once(now).await;
+    assert!(again.relabelled.is_empty() && again.materialized.is_empty(), "{again:?}");
+
+    // Every minute now as start labels have it: the old days are the new ones, 5 days on.
+    assert_eq!(rows(&engine, CHECK).await[..].len(), 2 * want.len());
+    let moved = CHECK
+        .replacen("CAST(time AS VARCHAR)", "CAST(time + INTERVAL '5 days' AS VARCHAR)", 1)
+        .replace("ORDER BY", "WHERE time < '2026-11-19T00:00:00Z' ORDER BY");
+    assert_eq!(rows(&engine, &moved).await, want);
+    assert_eq!(
+        rows(&engine, CHECK.replace("ORDER BY", "WHERE time >= '2026-11-19T00:00:00Z' ORDER BY").as_str()).await,
+        want
+    );
 }
