@@ -131,6 +131,18 @@ pub struct Policy {
 /// The merges due at `now_us`, at most one per partition, oldest partition first: a
 /// finished day without its day file merges all its files into one; otherwise the
 /// lowest tier holding more than `max_files` files merges those files.
+/// Whether a finished day with these files still gets its day merge (no day file yet and
+/// more than one file): the rule [`plan`] applies, for readers that would rather wait
+/// for the merge than read the day twice.
+pub fn awaits_day_merge<'a>(paths: impl IntoIterator<Item = &'a Path>) -> bool {
+    let (mut files, mut has_day) = (0usize, false);
+    for p in paths {
+        files += 1;
+        has_day |= Level::of(p) == Level::Day;
+    }
+    !has_day && files >= 2
+}
+
 pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
     let mut by_partition: BTreeMap<(&str, &str), Vec<PersistedFile>> = BTreeMap::new();
     for f in files {
@@ -142,8 +154,7 @@ pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
             let day_end = fsutil::parse_day(date)?.checked_add(1)?.checked_mul(MICROS_PER_DAY)?;
             let finished = day_end.saturating_add(policy.delay_us) <= now_us;
             let table = inputs[0].table;
-            let has_day = inputs.iter().any(|f| Level::of(&f.path) == Level::Day);
-            if finished && !has_day && inputs.len() >= 2 {
+            if finished && awaits_day_merge(inputs.iter().map(|f| f.path.as_path())) {
                 return Some(Plan { table, date: date.to_owned(), inputs, output: Level::Day });
             }
             let mut tiers: BTreeMap<u32, Vec<PersistedFile>> = BTreeMap::new();

@@ -7,7 +7,8 @@
 //!    (once, in a directory whose minutes are labelled by their end: relabel, below)
 //!    for each rollup day E that raw data affects (raw day E feeds rollup day E alone),
 //!        E finished (E's end + storage.compaction_delay passed), E's end within raw retention,
-//!        E missing or stale (rollup::RawView::status against <data>/derived/rollup.json):
+//!        E missing or stale (rollup::RawView::status against <data>/derived/rollup.json),
+//!        E's day merge done (or not coming within an hour: merge_pending):
 //!      inputs = raw files of day E (taken before the query)
 //!      for each slice of [rollup] gpus_per_query GPUs (64), in UUID order:
 //!        rows = QueryEngine::rollup_slice(minutes of E, slice)  — from gpu_samples only
@@ -102,10 +103,27 @@ pub struct DeriveReport {
     pub materialized: Vec<(String, usize)>,
     /// `(date, rows)` of the stored days moved from end to start labels.
     pub relabelled: Vec<(String, usize)>,
-    /// Dates left for a later pass because raw rows of them are still in memory.
+    /// Dates left for a later pass because raw rows of them are still in memory, or
+    /// their day merge is still to come ([`merge_pending`]).
     pub waiting: Vec<String>,
     /// Failures; each day is retried at the next pass.
     pub errors: Vec<String>,
+}
+
+/// How long after `compaction_delay` a finished day waits for its day merge at most
+/// (compaction off, failing or behind).
+const MERGE_WAIT_US: i64 = 3_600_000_000;
+
+/// Whether raw day `day` is about to be merged into its day file: a finished day is
+/// merged once `compaction_delay` has passed, at about the time it is first rolled up,
+/// and the merge's new file makes a stored rollup stale — rolling up before the merge
+/// would read the whole day twice (measured: `apron up` rolled yesterday up at second
+/// 61 and again at 120). So the day waits for its merge, for at most [`MERGE_WAIT_US`].
+fn merge_pending(raw: &[apron_query::DataFile], day: i64, delay_us: i64, now_us: i64) -> bool {
+    let files = raw.iter().filter(|f| f.day == Some(day)).map(|f| f.path.as_path());
+    let end = day.saturating_add(1).saturating_mul(DAY_US);
+    apron_collector::compact::awaits_day_merge(files)
+        && end.saturating_add(delay_us).saturating_add(MERGE_WAIT_US) > now_us
 }
 
 /// `YYYY-MM-DD` of a day number.
@@ -198,6 +216,11 @@ impl Materializer {
                     continue;
                 }
                 DayStatus::Missing | DayStatus::Stale => {}
+            }
+            if merge_pending(&view.files, day, delay, now_us) {
+                tracing::debug!(%date, "gpu_samples_1m: waiting for the day's merge");
+                report.waiting.push(date);
+                continue;
             }
             let inputs = rollup::inputs(&view.files, day);
             let started = std::time::Instant::now();
@@ -369,5 +392,23 @@ mod tests {
         assert!(toml::from_str::<RollupConfig>("interval = \"1ms\"").is_err());
         assert!(toml::from_str::<RollupConfig>("intervall = \"1m\"").is_err());
         assert_eq!(date_string(20_776), "2026-11-19");
+    }
+
+    #[test]
+    fn a_finished_day_waits_for_its_merge_for_an_hour_at_most() {
+        let file = |day: i64, name: &str| apron_query::DataFile {
+            path: std::path::PathBuf::from(format!("/d/gpu_samples/date=x/{name}")),
+            bytes: 1,
+            day: Some(day),
+        };
+        let (delay, end) = (3_600_000_000, 11 * DAY_US);
+        let tiers = [file(10, "a.parquet"), file(10, "b.t1.parquet"), file(11, "c.parquet")];
+        assert!(merge_pending(&tiers, 10, delay, end + delay));
+        assert!(merge_pending(&tiers, 10, delay, end + delay + MERGE_WAIT_US - 1));
+        assert!(!merge_pending(&tiers, 10, delay, end + delay + MERGE_WAIT_US), "compaction off or behind");
+        // One file, or the day file already there (late files beside it): nothing to wait for.
+        assert!(!merge_pending(&tiers, 11, delay, end + delay));
+        let merged = [file(10, "a.day.parquet"), file(10, "late.parquet")];
+        assert!(!merge_pending(&merged, 10, delay, end + delay));
     }
 }
