@@ -352,6 +352,11 @@ pub struct RollupState {
     #[serde(default = "Labels::legacy")]
     pub labels: Labels,
     pub days: BTreeMap<i64, DayState>,
+    /// While [`Labels::Relabelling`]: the day being rewritten and its files before, so a
+    /// restart can tell whether that rewrite was committed (moving a day twice would put
+    /// it two minutes off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relabelling: Option<(i64, Vec<String>)>,
 }
 
 #[derive(Debug, thiserror::Error)]

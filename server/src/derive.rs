@@ -29,7 +29,9 @@
 //! that raw data still covers are re-rolled from raw; each older stored day is rewritten
 //! from its stored rows moved back one minute (`rollup::relabel_sql`, the same slices and
 //! writer), oldest first, and recorded as it is done, so a crash resumes where it
-//! stopped; when none is left the state says `start`.
+//! stopped (the day in progress and its files are saved first: if its files changed,
+//! the rewrite was committed and is not repeated); when none is left the state says
+//! `start`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,7 +191,7 @@ impl Materializer {
         state.days.retain(|d, _| stored_days.contains(d));
         let mut dirty = state.days.len() != before;
         if state.labels != Labels::Start {
-            match self.relabel(&mut state, &view, &stored_days, now_us, &mut report).await {
+            match self.relabel(&mut state, &view, &stored.files, now_us, &mut report).await {
                 Ok(()) => dirty = false,
                 Err(e) => {
                     report.errors.push(e);
@@ -255,10 +257,20 @@ impl Materializer {
         &self,
         state: &mut RollupState,
         view: &RawView,
-        stored_days: &std::collections::BTreeSet<i64>,
+        stored: &[apron_query::DataFile],
         now_us: i64,
         report: &mut DeriveReport,
     ) -> Result<(), String> {
+        let stored_days = rollup::stored_days(stored);
+        let files_of = |day: i64| -> Vec<String> {
+            let mut v: Vec<String> = stored
+                .iter()
+                .filter(|f| f.day == Some(day))
+                .filter_map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            v.sort();
+            v
+        };
         if state.labels == Labels::End {
             tracing::info!(
                 days = stored_days.len(),
@@ -276,6 +288,22 @@ impl Materializer {
         let days: Vec<i64> = stored_days.iter().copied().filter(|&d| old(d, state)).collect();
         for day in days {
             let date = date_string(day);
+            let before = files_of(day);
+            // A rewrite of this day began before a restart: its files changed, so it was
+            // committed (the state is saved after the partition): record it, never move
+            // it again.
+            if let Some((d, files)) = &state.relabelling
+                && *d == day
+                && *files != before
+            {
+                tracing::info!(%date, "gpu_samples_1m: relabelled before the restart");
+                state.days.insert(day, DayState { inputs: Vec::new(), materialized_us: now_us, rows: 0 });
+                state.relabelling = None;
+                self.save(state).await?;
+                continue;
+            }
+            state.relabelling = Some((day, before));
+            self.save(state).await?;
             let started = std::time::Instant::now();
             let rows = self
                 .materialize(day, &date, Source::Relabel { with_next: old(day + 1, state) })
@@ -283,10 +311,12 @@ impl Materializer {
                 .map_err(|e| format!("relabelling {date}: {e}"))?;
             tracing::info!(%date, rows, elapsed_ms = started.elapsed().as_millis() as u64, "relabelled gpu_samples_1m");
             state.days.insert(day, DayState { inputs: Vec::new(), materialized_us: now_us, rows });
+            state.relabelling = None;
             self.save(state).await?;
             report.relabelled.push((date, rows));
         }
         state.labels = Labels::Start;
+        state.relabelling = None;
         self.save(state).await
     }
 

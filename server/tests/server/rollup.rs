@@ -321,17 +321,27 @@ async fn end_labelled_minutes_are_moved_over_once() {
     // The same minutes five days earlier as an old version stored them: labelled by
     // their end, one minute later (D−5 23:59 becomes D−4 00:00, in D−4's partition).
     let columns: Vec<String> = apron_query::rollup::rollup_columns().into_iter().map(|(_, n)| n).collect();
-    let old = columns.join(", ").replacen("time", "time - INTERVAL '5 days' + INTERVAL '1 minute' AS time", 1);
-    for (day, date) in [(D - 5, "2026-11-14"), (D - 4, "2026-11-15")] {
-        let sql = format!(
-            "SELECT * FROM (SELECT {old} FROM gpu_samples_1m) WHERE time >= '{}' AND time < '{}' ORDER BY gpu_uuid, time",
-            UnixMicros(day * DAY).to_rfc3339(),
-            UnixMicros((day + 1) * DAY).to_rfc3339()
+    let store_old = |back_days: i64, day: i64, date: &'static str| {
+        let (engine, store) = (engine.clone(), store.clone());
+        let old = columns.join(", ").replacen(
+            "time",
+            &format!("time - INTERVAL '{back_days} days' + INTERVAL '1 minute' AS time"),
+            1,
         );
-        let r = engine.execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let parts: Vec<_> = r.batches.iter().map(apron_query::rollup::to_wire).collect();
-        store.replace_partition_sorted(Table::GpuSamples1m, date, parts.into_iter()).expect("store old minutes");
-    }
+        async move {
+            let sql = format!(
+                "SELECT * FROM (SELECT {old} FROM gpu_samples_1m WHERE time >= '2026-11-19T00:00:00Z') \
+                 WHERE time >= '{}' AND time < '{}' ORDER BY gpu_uuid, time",
+                UnixMicros(day * DAY).to_rfc3339(),
+                UnixMicros((day + 1) * DAY).to_rfc3339()
+            );
+            let r = engine.execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let parts: Vec<_> = r.batches.iter().map(apron_query::rollup::to_wire).collect();
+            store.replace_partition_sorted(Table::GpuSamples1m, date, parts.into_iter()).expect("store old minutes");
+        }
+    };
+    store_old(5, D - 5, "2026-11-14").await;
+    store_old(5, D - 4, "2026-11-15").await;
     let state = m.state_path().to_path_buf();
     std::fs::write(&state, r#"{"days": {}}"#).expect("old state file");
     // Until moved over, raw-covered days are served live and so are still right.
@@ -359,4 +369,28 @@ async fn end_labelled_minutes_are_moved_over_once() {
         rows(&engine, CHECK.replace("ORDER BY", "WHERE time >= '2026-11-19T00:00:00Z' ORDER BY").as_str()).await,
         want
     );
+
+    // A restart while a day was being moved: the state names the day and its files
+    // before the rewrite. Its files have changed since, so the rewrite was committed:
+    // the day is recorded, not moved a second time.
+    store_old(9, D - 9, "2026-11-10").await;
+    let mut s: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).expect("state")).expect("json");
+    s["labels"] = "relabelling".into();
+    s["relabelling"] = serde_json::json!([D - 9, ["gone.parquet"]]);
+    std::fs::write(&state, serde_json::to_vec(&s).expect("encode")).expect("write state");
+    let r = m.run_once(now).await;
+    assert!(r.errors.is_empty() && r.relabelled.is_empty(), "{r:?}");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).expect("state")).expect("json");
+    assert_eq!(saved["labels"], "start");
+    assert!(saved["days"].get((D - 9).to_string()).is_some(), "{saved}");
+    assert!(saved.get("relabelling").is_none(), "{saved}");
+    let kept = rows(
+        &engine,
+        "SELECT count(*), CAST(min(time) AS VARCHAR) FROM gpu_samples_1m WHERE time >= '2026-11-10T00:00:00Z' AND time < \
+         '2026-11-11T00:00:00Z'",
+    )
+    .await;
+    // Still end-labelled: D 00:00 moved back 9 days is 00:01 (a second move makes it 00:00).
+    assert_eq!(kept[0][0], 7, "{kept:?}");
+    assert!(kept[0][1].as_str().is_some_and(|t| t.starts_with("2026-11-10T00:01:00")), "{kept:?}");
 }
