@@ -301,11 +301,15 @@ fn read_range(path: &Path, lo: &str, hi: &str) -> Result<Vec<RecordBatch>, Persi
 
 /// Merges `plan.inputs` into one sorted file, written under a hidden temp name in the
 /// partition directory (fsynced, not yet visible). On error nothing is left behind.
+/// `stop` is asked before each step (one range of GPUs): a merge of a finished day at
+/// 1,000 GPUs takes minutes, and shutdown must not wait for it
+/// ([`PersistError::Stopped`]).
 pub fn merge(
     storage: &Storage,
     plan: &Plan,
     options: &PersistOptions,
     max_rows_in_memory: usize,
+    stop: &dyn Fn() -> bool,
 ) -> Result<StagedFile, PersistError> {
     let schema = storage_schema(plan.table);
     let dir = partition_dir(storage.data_dir(), plan.table, &plan.date);
@@ -332,6 +336,9 @@ pub fn merge(
         let mut w = ArrowWriter::try_new(file, schema.clone(), Some(writer_properties(plan.table, options)?))?;
         let mut rows = 0;
         for (lo, hi) in gpu_ranges(&counts, max_rows_in_memory.max(1)) {
+            if stop() {
+                return Err(PersistError::Stopped);
+            }
             let mut parts = Vec::new();
             for copy in &inputs {
                 parts.extend(read_range(copy.path(), &lo, &hi)?);

@@ -75,6 +75,10 @@ pub enum PersistError {
     /// producer failed.
     #[error("persist: rows: {0}")]
     Rows(String),
+    /// The store is shutting down: a merge stopped between two of its steps, leaving
+    /// nothing behind (it is planned again after the restart).
+    #[error("persist: stopped for shutdown")]
+    Stopped,
 }
 
 impl PersistError {

@@ -55,8 +55,9 @@ fn merges_a_partition_into_one_sorted_file_with_bounded_memory() {
     let plans = plan(&before, MIDNIGHT + 86_400_000_000 + 3_600_000_000, POLICY);
     assert_eq!(plans.len(), 1);
     // 250 rows in memory at most: 12 GPUs × 100 rows come through in ranges of 2 GPUs.
-    let staged = merge(&local(dir.path()), &plans[0], &PersistOptions { row_group_rows: 128, zstd_level: 3 }, 250)
-        .expect("merge");
+    let staged =
+        merge(&local(dir.path()), &plans[0], &PersistOptions { row_group_rows: 128, zstd_level: 3 }, 250, &|| false)
+            .expect("merge");
     assert_eq!(staged.rows, 1200);
     assert!(staged.tmp.exists() && !staged.file.path.exists(), "nothing visible before the commit");
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list").len(), 3);
@@ -177,7 +178,7 @@ fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
     }
     let before = list_files(dir.path(), Table::GpuSamples).expect("list");
     let p = &plan(&before, i64::MAX, POLICY)[0];
-    let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000).expect("merge");
+    let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000, &|| false).expect("merge");
     let partition = staged.file.path.parent().expect("dir").to_path_buf();
 
     // Uncommitted (crash before the journal): start-up removes the orphan temp file.
@@ -185,7 +186,7 @@ fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), before);
 
     // Committed, crash before the rename: the journal exists, the output is a temp file.
-    let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000).expect("merge");
+    let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000, &|| false).expect("merge");
     let j = Journal {
         inputs: p.inputs.iter().map(|f| file_name(&f.path)).collect(),
         output_tmp: file_name(&staged.tmp),
@@ -233,4 +234,25 @@ fn the_byte_budget_bounds_what_a_decoded_range_holds() {
     );
     assert_eq!(rows_within(Table::GpuSamples, per_row * 1000 + per_row - 1), 1000);
     assert_eq!(rows_within(Table::GpuSamples, 0), 1, "a merge always makes progress");
+}
+
+#[test]
+fn a_merge_stops_between_steps_for_shutdown_and_leaves_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for offset in [0, 10] {
+        persist_one(dir.path(), 4, offset, 10, 100);
+    }
+    let before = list_files(dir.path(), Table::GpuSamples).expect("list");
+    let p = &plan(&before, i64::MAX, POLICY)[0];
+    // 10 rows per GPU per file: 20-row steps take one GPU at a time; stop at the third.
+    let asked = std::cell::Cell::new(0);
+    let stop = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 2
+    };
+    let r = merge(&local(dir.path()), p, &PersistOptions::default(), 20, &stop);
+    assert!(matches!(r, Err(PersistError::Stopped)), "{r:?}");
+    assert_eq!(asked.get(), 3);
+    assert_eq!(crate::persist::remove_temp_files(dir.path(), Table::GpuSamples).expect("clean"), 0, "no temp file");
+    assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list"), before);
 }

@@ -117,9 +117,13 @@ impl Inner {
             max_files: self.config.compaction_max_files.max(1),
         };
         let options = self.persist_options();
+        let stopping = || lock(&self.signal).shutdown;
         for table in TABLES {
             let files = lock(&self.state).files.get(&table).cloned().unwrap_or_default();
             for plan in compact::plan(&files, now_us, policy) {
+                if stopping() {
+                    return;
+                }
                 let partition = compact::partition_dir(&self.config.data_dir, table, &plan.date);
                 if partition.join(JOURNAL).exists() {
                     continue; // the last merge's inputs are still in their grace
@@ -127,8 +131,8 @@ impl Inner {
                 let started = Instant::now();
                 // The merge runs without the commit lock; its commit takes it, and checks
                 // that no replacement of the partition's files came in between.
-                let result =
-                    compact::merge(&self.storage, &plan, &options, self.merge_rows(plan.table)).and_then(|staged| {
+                let result = compact::merge(&self.storage, &plan, &options, self.merge_rows(plan.table), &stopping)
+                    .and_then(|staged| {
                         let _commit = lock(&self.commit_lock);
                         if partition.join(JOURNAL).exists() || !self.listed(&plan) {
                             let _ = std::fs::remove_file(&staged.tmp);
@@ -149,6 +153,10 @@ impl Inner {
                             "a compaction's inputs were replaced while it merged; dropped"
                         );
                         continue;
+                    }
+                    Err(PersistError::Stopped) => {
+                        tracing::info!(table = table.name(), date = %plan.date, "compaction stopped for shutdown");
+                        return;
                     }
                     Err(e) => {
                         report.errors.push(format!("compacting {} {}: {e}", table.name(), plan.date));
