@@ -20,6 +20,16 @@ fn persist_one(dir: &Path, gpus: usize, offset_s: i64, secs: i64, row_group_rows
     publish(&staged.iter().map(|s| (s.tmp.clone(), s.file.path.clone())).collect::<Vec<_>>()).expect("publish");
 }
 
+/// Two persisted files of `gpus` GPUs × 10 s in one partition, and the plan merging them.
+fn two_files_and_their_merge(dir: &Path, gpus: usize) -> (Vec<PersistedFile>, Plan) {
+    for offset in [0, 10] {
+        persist_one(dir, gpus, offset, 10, 100);
+    }
+    let files = list_files(dir, Table::GpuSamples).expect("list");
+    let p = plan(&files, i64::MAX, POLICY).remove(0);
+    (files, p)
+}
+
 fn read_all(path: &Path) -> RecordBatch {
     let b = ParquetRecordBatchReaderBuilder::try_new(File::open(path).expect("open")).expect("footer");
     let batches = b.build().expect("reader").collect::<Result<Vec<_>, _>>().expect("read");
@@ -173,11 +183,8 @@ fn plan_waits_for_the_day_to_end_unless_too_many_files() {
 #[test]
 fn start_up_finishes_a_committed_compaction_and_drops_an_uncommitted_one() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for offset in [0, 10] {
-        persist_one(dir.path(), 3, offset, 10, 100);
-    }
-    let before = list_files(dir.path(), Table::GpuSamples).expect("list");
-    let p = &plan(&before, i64::MAX, POLICY)[0];
+    let (before, p) = two_files_and_their_merge(dir.path(), 3);
+    let p = &p;
     let staged = merge(&local(dir.path()), p, &PersistOptions::default(), 1_000, &|| false).expect("merge");
     let partition = staged.file.path.parent().expect("dir").to_path_buf();
 
@@ -239,11 +246,8 @@ fn the_byte_budget_bounds_what_a_decoded_range_holds() {
 #[test]
 fn a_merge_stops_between_steps_for_shutdown_and_leaves_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for offset in [0, 10] {
-        persist_one(dir.path(), 4, offset, 10, 100);
-    }
-    let before = list_files(dir.path(), Table::GpuSamples).expect("list");
-    let p = &plan(&before, i64::MAX, POLICY)[0];
+    let (before, p) = two_files_and_their_merge(dir.path(), 4);
+    let p = &p;
     // 10 rows per GPU per file: 20-row steps take one GPU at a time; stop at the third.
     let asked = std::cell::Cell::new(0);
     let stop = || {
