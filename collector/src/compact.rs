@@ -128,9 +128,6 @@ pub struct Policy {
     pub max_files: usize,
 }
 
-/// The merges due at `now_us`, at most one per partition, oldest partition first: a
-/// finished day without its day file merges all its files into one; otherwise the
-/// lowest tier holding more than `max_files` files merges those files.
 /// Whether a finished day with these files still gets its day merge (no day file yet and
 /// more than one file): the rule [`plan`] applies, for readers that would rather wait
 /// for the merge than read the day twice.
@@ -143,6 +140,9 @@ pub fn awaits_day_merge<'a>(paths: impl IntoIterator<Item = &'a Path>) -> bool {
     !has_day && files >= 2
 }
 
+/// The merges due at `now_us`, at most one per partition, oldest partition first: a
+/// finished day without its day file merges all its files into one; otherwise the
+/// lowest tier holding more than `max_files` files merges those files.
 pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
     let mut by_partition: BTreeMap<(&str, &str), Vec<PersistedFile>> = BTreeMap::new();
     for f in files {

@@ -138,10 +138,7 @@ impl Inner {
                             let _ = std::fs::remove_file(&staged.tmp);
                             return Ok(None);
                         }
-                        compact::commit(&self.storage, &plan, &staged)?;
-                        let output = self.storage.published(staged.file.clone());
-                        self.swap(&plan, &output);
-                        lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
+                        let output = self.commit_and_swap(&plan, &staged, partition, now)?;
                         Ok(Some((staged, output)))
                     });
                 let (staged, output) = match result {
@@ -266,10 +263,22 @@ impl Inner {
         let inputs: Vec<PersistedFile> =
             lock(&self.state).files.get(&table).into_iter().flatten().filter(|f| f.date == date).cloned().collect();
         let plan = Plan { table, date: date.to_owned(), inputs, output: compact::Level::of(&staged.file.path) };
-        compact::commit(&self.storage, &plan, &staged)?;
-        let output = self.storage.published(staged.file);
-        self.swap(&plan, &output);
-        lock(&self.pending).push(Pending { due: Instant::now() + self.config.superseded_grace, partition });
+        Ok(self.commit_and_swap(&plan, &staged, partition, Instant::now())?)
+    }
+
+    /// The commit of a merge or a replacement, under the commit lock: the journal and
+    /// the published output, the listing swapped, the inputs' removal scheduled.
+    fn commit_and_swap(
+        &self,
+        plan: &Plan,
+        staged: &StagedFile,
+        partition: PathBuf,
+        now: Instant,
+    ) -> Result<PersistedFile, PersistError> {
+        compact::commit(&self.storage, plan, staged)?;
+        let output = self.storage.published(staged.file.clone());
+        self.swap(plan, &output);
+        lock(&self.pending).push(Pending { due: now + self.config.superseded_grace, partition });
         Ok(output)
     }
 
