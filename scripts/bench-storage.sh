@@ -30,6 +30,7 @@
 # Parameters (environment):
 #   GPUS=64 HOURS=2 END=<unix s, default 2026-11-29T12:00:00Z> CHUNK_ROWS=20000
 #   QUERY_RUNS=5 OUT=bench-out/storage PROM_BLOCK=54h VM_SETTLE=60 (s, at most)
+#   APRON_SETTLE=120 (s at most: the query server's first derivation of the day, see below)
 #   TARGET_DIR=<repo>/target/release  (where apron and examples/bench_dataset are)
 #   REUSE_BUILD=0   1: use the binaries already in TARGET_DIR (no cargo build)
 #   REUSE_DATASET=1 keep OUT/dataset when its meta.json matches GPUS/HOURS/END/CHUNK_ROWS
@@ -44,6 +45,7 @@ QUERY_RUNS=${QUERY_RUNS:-5}
 OUT=${OUT:-bench-out/storage}
 PROM_BLOCK=${PROM_BLOCK:-54h}
 VM_SETTLE=${VM_SETTLE:-60}
+APRON_SETTLE=${APRON_SETTLE:-120}
 REUSE_BUILD=${REUSE_BUILD:-0}
 REUSE_DATASET=${REUSE_DATASET:-1}
 KEEP_DATA=${KEEP_DATA:-0}
@@ -65,6 +67,20 @@ now() { date +%s.%N; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$1" "$2"; }
 maxrss_kb() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; }
 hwm_kb() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+settle_cpu() { # pid, seconds at most; prints 1 once the process used < 5 % of a core for 3 s in a row
+    local pid=$1 quiet=0 i before after hz
+    hz=$(getconf CLK_TCK)
+    before=$(cpu_ticks "$pid")
+    for ((i = 0; i < $2; i++)); do
+        sleep 1
+        after=$(cpu_ticks "$pid")
+        if [ $(( (after - before) * 20 )) -lt "$hz" ]; then quiet=$((quiet + 1)); else quiet=0; fi
+        before=$after
+        [ "$quiet" -ge 3 ] && { echo 1; return; }
+    done
+    echo 0
+}
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_http() { # url, seconds
     local i
@@ -182,6 +198,13 @@ record apron.wal_bytes "$(du -sb "$apron_data/wal" 2>/dev/null | cut -f1 || echo
 
 log "Apron: queries"
 start_apron "$OUT/apron-query.log" "$OUT/apron-query.time"
+# A server that opens a finished day it has not derived yet first materializes its
+# gpu_samples_1m minutes, prices it in the ledger and runs alerts and recommendations;
+# queried at once, the timings would measure that work too. Like VictoriaMetrics'
+# merges, it is left to settle first.
+settled=$(settle_cpu "$apron_pid" "$APRON_SETTLE")
+record apron.settled "$settled"
+record apron.note "queries once the query server's first derivation of the day has settled (settled=$settled)"
 python3 "$helpers/queries.py" apron "$apron_url" "$sql_token" "$OUT/meta.json" "$QUERY_RUNS" > "$OUT/apron.queries.json"
 record apron.query_rss_kb "$(hwm_kb "$apron_pid")"
 kill -TERM "$apron_pid"

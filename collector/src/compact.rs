@@ -128,6 +128,12 @@ pub struct Policy {
     pub max_files: usize,
 }
 
+/// The most files one tier merge reads: twice the trigger, so that a tier in step is
+/// merged whole (it has just passed `max_files`) and a backlog goes in a few merges.
+const fn max_merge_inputs(max_files: usize) -> usize {
+    max_files.saturating_mul(2)
+}
+
 /// Whether a finished day with these files still gets its day merge (no day file yet and
 /// more than one file): the rule [`plan`] applies, for readers that would rather wait
 /// for the merge than read the day twice.
@@ -163,7 +169,15 @@ pub fn plan(files: &[PersistedFile], now_us: i64, policy: Policy) -> Vec<Plan> {
                     tiers.entry(n).or_default().push(f);
                 }
             }
-            let (n, inputs) = tiers.into_iter().find(|(_, files)| files.len() > policy.max_files.max(1))?;
+            let max_files = policy.max_files.max(1);
+            let (n, mut inputs) = tiers.into_iter().find(|(_, files)| files.len() > max_files)?;
+            // A tier that fell behind (a burst, a server that was down) is merged a
+            // bounded batch at a time, oldest first (v7 ids sort by creation): each merge
+            // stays as long as a normal one, and the next pass takes the rest.
+            if inputs.len() > max_merge_inputs(max_files) {
+                inputs.sort_by(|a, b| a.path.cmp(&b.path));
+                inputs.truncate(max_merge_inputs(max_files));
+            }
             Some(Plan { table, date: date.to_owned(), inputs, output: Level::Tier(n.saturating_add(1)) })
         })
         .collect()

@@ -36,6 +36,9 @@ pub struct StoreConfig {
     pub dedup_retention: Duration,
     /// Rows per Parquet row group.
     pub row_group_rows: usize,
+    /// zstd level of the Parquet pages written by persists, compactions and derived
+    /// partitions (1–22): higher is smaller and slower to write, never slower to read.
+    pub zstd_level: i32,
     /// How often compaction, retention and the deletion of superseded files run.
     #[serde(deserialize_with = "humantime_duration")]
     pub maintenance_interval: Duration,
@@ -79,6 +82,7 @@ impl Default for StoreConfig {
             max_batch_bytes: 512 << 20,
             dedup_retention: Duration::from_secs(7 * 86_400),
             row_group_rows: 100_000,
+            zstd_level: crate::persist::PersistOptions::DEFAULT_ZSTD_LEVEL,
             maintenance_interval: Duration::from_secs(60),
             compaction_delay: Duration::from_secs(3600),
             compaction_max_files: 48,
@@ -97,6 +101,9 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.compaction_memory_bytes == 0 || self.compaction_memory_rows == 0 {
             return Err("[storage] compaction_memory_bytes and compaction_memory_rows must be positive".into());
+        }
+        if !(1..=22).contains(&self.zstd_level) {
+            return Err(format!("[storage] zstd_level ({}) must be between 1 and 22", self.zstd_level));
         }
         if let Some(o) = &self.object_store
             && o.part_bytes < crate::storage::MIN_PART_BYTES
@@ -155,5 +162,17 @@ mod tests {
         assert_eq!(crate::storage::ObjectStoreConfig::default().part_bytes, 16 << 20);
         let err = with(1 << 20).validate().expect_err("too small");
         assert!(err.contains("part_bytes (1048576) must be at least 5 MiB"), "{err}");
+    }
+
+    #[test]
+    fn zstd_level_is_one_zstd_knows() {
+        let with = |zstd_level| StoreConfig { zstd_level, ..StoreConfig::default() };
+        for ok in [1, 3, 9, 22] {
+            assert_eq!(with(ok).validate(), Ok(()), "{ok}");
+        }
+        for bad in [0, -1, 23] {
+            let err = with(bad).validate().expect_err("out of range");
+            assert!(err.contains(&format!("zstd_level ({bad}) must be between 1 and 22")), "{err}");
+        }
     }
 }

@@ -98,28 +98,35 @@ pub fn field_conversion(f: Field) -> Conversion {
     }
 }
 
+/// The field whose readings a stored measurement column of `table` holds at device
+/// resolution: `gpu_samples`' `<field>` and `<field>_max`, `gpu_samples_1m`'s `_min`
+/// and `_max` extremes. `None` for identity columns and for means of the rollup, which
+/// are finer than any reading.
+pub fn reading_field(table: Table, column: &str) -> Option<Field> {
+    let base = match table {
+        Table::GpuSamples => column.strip_suffix("_max").unwrap_or(column),
+        Table::GpuSamples1m => {
+            let base = column.strip_suffix("_min").or_else(|| column.strip_suffix("_max"))?;
+            base.strip_suffix("_max").unwrap_or(base)
+        }
+        Table::GpuProcesses | Table::Allocations | Table::GpuCostHourly => return None,
+    };
+    Field::from_column(base)
+}
+
 /// The conversion of one wire column of `table`.
 pub fn conversion(table: Table, column: &str, wire: &DataType) -> Conversion {
     if wire != &DataType::Float64 {
         return Conversion::Keep;
     }
     match table {
-        Table::GpuSamples => {
-            let base = column.strip_suffix("_max").unwrap_or(column);
-            Field::from_column(base).map_or(Conversion::Keep, field_conversion)
+        // Rollup extremes at device resolution like the raw columns; means stay Float64.
+        Table::GpuSamples | Table::GpuSamples1m => {
+            reading_field(table, column).map_or(Conversion::Keep, field_conversion)
         }
         // NVML reports per-process SM utilisation in whole percent; 1e-4 keeps it exact.
         Table::GpuProcesses if column == "sm_util" => Conversion::Decimal { precision: 5, scale: 4 },
-        Table::GpuProcesses => Conversion::Keep,
-        // Extremes at device resolution like the raw columns; means stay Float64.
-        Table::GpuSamples1m => match column.strip_suffix("_min").or_else(|| column.strip_suffix("_max")) {
-            Some(base) => {
-                let base = base.strip_suffix("_max").unwrap_or(base);
-                Field::from_column(base).map_or(Conversion::Keep, field_conversion)
-            }
-            None => Conversion::Keep,
-        },
-        Table::Allocations | Table::GpuCostHourly => Conversion::Keep,
+        Table::GpuProcesses | Table::Allocations | Table::GpuCostHourly => Conversion::Keep,
     }
 }
 

@@ -32,13 +32,14 @@ use anyhow::{Context as _, bail};
 use apron_agent::source::sim::{SimConfig, SimSource};
 use apron_collector::schema::to_storage;
 use apron_common::UnixMicros;
-use apron_common::wire::{Table, encode_ipc, headers, windows_to_batch};
+use apron_common::wire::{OWNER_COLUMNS, Table, encode_ipc, headers, windows_to_batch};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, RecordBatch};
 use clap::Parser;
 
-/// The identity columns of `gpu_samples`; every other column is a measurement.
+/// The identity columns of `gpu_samples`; with the flags and the owner columns
+/// ([`OWNER_COLUMNS`]), every other column is a measurement.
 const IDENTITY: &[&str] =
     &["time", "window_s", "cluster", "host", "gpu_uuid", "gpu_index", "gpu_model", "parent_gpu_uuid", "mig_profile"];
 /// Stored by Apron, not a measurement, not exported to the peers (a per-row flag).
@@ -140,7 +141,7 @@ fn generate(
     let mut families: Vec<Option<Family>> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
         let col = f.name().as_str();
-        if IDENTITY.contains(&col) || FLAGS.contains(&col) {
+        if IDENTITY.contains(&col) || FLAGS.contains(&col) || OWNER_COLUMNS.contains(&col) {
             families.push(None);
             continue;
         }

@@ -161,6 +161,25 @@ fn tiers_merge_only_their_own_files_and_a_day_is_merged_once() {
 }
 
 #[test]
+fn a_tier_that_fell_behind_is_merged_a_bounded_batch_at_a_time_oldest_first() {
+    let policy = Policy { delay_us: 3_600_000_000, max_files: 2 };
+    let open = MIDNIGHT + 3_600_000_000;
+    let date = "2026-11-19";
+    // Seven tier-0 files, listed out of creation order: at most 2 × max_files go, the
+    // oldest names (v7 ids sort by creation) first.
+    let files: Vec<_> =
+        ["g", "c", "a", "f", "b", "e", "d"].iter().map(|n| named(date, &format!("{n}.parquet"), 10)).collect();
+    let plans = plan(&files, open, policy);
+    assert_eq!(plans.len(), 1);
+    let names: Vec<_> = plans[0].inputs.iter().map(|f| file_name(&f.path)).collect();
+    assert_eq!(names, ["a.parquet", "b.parquet", "c.parquet", "d.parquet"]);
+    assert_eq!(plans[0].output, Level::Tier(1));
+    // Three left: still more than max_files, so the next pass merges them.
+    let rest: Vec<_> = files.iter().filter(|f| !plans[0].inputs.contains(f)).cloned().collect();
+    assert_eq!(plan(&rest, open, policy)[0].inputs.len(), 3);
+}
+
+#[test]
 fn plan_waits_for_the_day_to_end_unless_too_many_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     persist_one(dir.path(), 2, 0, 10, 100);

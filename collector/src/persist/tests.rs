@@ -94,16 +94,19 @@ fn gpu_samples_files_are_sorted_partitioned_and_exact() {
             vec![(idx("gpu_uuid"), false), (idx("time"), false)]
         );
         let col = |c: &str| rg.column(idx(c));
-        for c in ["time", "gpu_util", "gpu_util_max", "power_watts", "energy_joules", "gpu_temp_c", "fb_used_bytes"] {
+        let delta = ["time", "energy_joules"].map(|c| (c, Encoding::DELTA_BINARY_PACKED));
+        let split = ["gpu_util", "gpu_util_max", "power_watts", "gpu_temp_c", "fb_used_bytes"]
+            .map(|c| (c, Encoding::BYTE_STREAM_SPLIT));
+        for (c, encoding) in delta.into_iter().chain(split) {
             let encodings: Vec<Encoding> = col(c).encodings().collect();
-            assert!(encodings.contains(&Encoding::DELTA_BINARY_PACKED), "{c}: {encodings:?}");
+            assert!(encodings.contains(&encoding), "{c}: {encodings:?}");
             assert!(!encodings.contains(&Encoding::RLE_DICTIONARY), "{c}: {encodings:?}");
             assert!(matches!(col(c).compression(), Compression::ZSTD(_)), "{c}");
         }
         for c in ["host", "gpu_uuid", "gpu_model", "gpu_index"] {
             assert!(col(c).encodings().any(|e| e == Encoding::RLE_DICTIONARY), "{c} is dictionary-encoded");
         }
-        // Decimals of precision ≤ 9 sit on INT32, ≤ 18 on INT64: delta encoding applies.
+        // Decimals of precision ≤ 9 sit on INT32, ≤ 18 on INT64: integer encodings apply.
         assert_eq!(col("gpu_util").column_type(), PhysicalType::INT32);
         assert_eq!(col("power_watts").column_type(), PhysicalType::INT32);
         assert_eq!(col("energy_joules").column_type(), PhysicalType::INT64);
@@ -150,11 +153,30 @@ fn temp_files_are_invisible_and_cleaned_up() {
 
 #[test]
 fn encoding_choice() {
-    assert!(delta_encoded("time", &DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, None)));
-    assert!(delta_encoded("gpu_util", &DataType::Decimal128(5, 4)));
-    assert!(delta_encoded("fb_used_bytes", &DataType::Int64));
-    assert!(!delta_encoded("gpu_index", &DataType::Int32));
-    assert!(!delta_encoded("pid", &DataType::Int64));
-    assert!(!delta_encoded("host", &DataType::Utf8));
-    assert!(!delta_encoded("window_s", &DataType::Float64));
+    use parquet::basic::Encoding::{BYTE_STREAM_SPLIT as SPLIT, DELTA_BINARY_PACKED as DELTA};
+    let time = DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, None);
+    let cases = [
+        (Table::GpuSamples, "time", time.clone(), Some(DELTA)),
+        (Table::GpuSamples, "gpu_util", DataType::Decimal128(5, 4), Some(SPLIT)),
+        (Table::GpuSamples, "gpu_util_max", DataType::Decimal128(5, 4), Some(SPLIT)),
+        (Table::GpuSamples, "power_watts", DataType::Decimal128(9, 3), Some(SPLIT)),
+        (Table::GpuSamples, "pcie_rx_bytes_per_s", DataType::Int64, Some(SPLIT)),
+        (Table::GpuSamples, "fb_used_bytes", DataType::Int64, Some(SPLIT)),
+        (Table::GpuSamples, "energy_joules", DataType::Decimal128(18, 3), Some(DELTA)),
+        (Table::GpuSamples, "ecc_sbe_total", DataType::Int64, Some(DELTA)),
+        (Table::GpuSamples, "clocks_event_reasons", DataType::Int64, Some(DELTA)),
+        (Table::GpuSamples, "gpu_index", DataType::Int32, None),
+        (Table::GpuSamples, "host", DataType::Utf8, None),
+        (Table::GpuSamples, "window_s", DataType::Float64, None),
+        (Table::GpuSamples1m, "time", time, Some(DELTA)),
+        (Table::GpuSamples1m, "gpu_util_min", DataType::Decimal128(5, 4), Some(SPLIT)),
+        (Table::GpuSamples1m, "gpu_util_max_max", DataType::Decimal128(5, 4), Some(SPLIT)),
+        (Table::GpuSamples1m, "gpu_util_mean", DataType::Float64, None),
+        (Table::GpuSamples1m, "samples", DataType::Int64, Some(DELTA)),
+        (Table::GpuProcesses, "pid", DataType::Int64, None),
+        (Table::GpuProcesses, "sm_util", DataType::Decimal128(5, 4), Some(DELTA)),
+    ];
+    for (table, name, data_type, want) in cases {
+        assert_eq!(column_encoding(table, name, &data_type), want, "{table:?}.{name}");
+    }
 }

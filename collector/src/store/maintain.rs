@@ -240,7 +240,7 @@ impl Inner {
     }
 
     pub(super) fn persist_options(&self) -> PersistOptions {
-        PersistOptions { row_group_rows: self.config.row_group_rows, ..PersistOptions::default() }
+        PersistOptions { row_group_rows: self.config.row_group_rows, zstd_level: self.config.zstd_level }
     }
 
     /// Publishes `staged` in place of the partition's files, one replacement at a time.
