@@ -31,6 +31,8 @@
 #   GPUS=64 HOURS=2 END=<unix s, default 2026-11-29T12:00:00Z> CHUNK_ROWS=20000
 #   QUERY_RUNS=5 OUT=bench-out/storage PROM_BLOCK=54h VM_SETTLE=60 (s, at most)
 #   APRON_SETTLE=120 (s at most: the query server's first derivation of the day, see below)
+#   READING_ENCODING=delta ZSTD_LEVEL=3   Apron's [storage] reading_encoding and zstd_level
+#                (the defaults; READING_ENCODING=byte_stream_split for the compact layout)
 #   TARGET_DIR=<repo>/target/release  (where apron and examples/bench_dataset are)
 #   REUSE_BUILD=0   1: use the binaries already in TARGET_DIR (no cargo build)
 #   REUSE_DATASET=1 keep OUT/dataset when its meta.json matches GPUS/HOURS/END/CHUNK_ROWS
@@ -46,6 +48,8 @@ OUT=${OUT:-bench-out/storage}
 PROM_BLOCK=${PROM_BLOCK:-54h}
 VM_SETTLE=${VM_SETTLE:-60}
 APRON_SETTLE=${APRON_SETTLE:-120}
+READING_ENCODING=${READING_ENCODING:-delta}
+ZSTD_LEVEL=${ZSTD_LEVEL:-3}
 REUSE_BUILD=${REUSE_BUILD:-0}
 REUSE_DATASET=${REUSE_DATASET:-1}
 KEEP_DATA=${KEEP_DATA:-0}
@@ -162,11 +166,14 @@ log "Apron: ingest through apron serve"
 apron_data="$OUT/apron-data"
 rm -rf "$apron_data"
 ingest_token="bench-ingest-$RANDOM$RANDOM"
+apron_config="$OUT/apron.toml"
+printf '[storage]\nreading_encoding = "%s"\nzstd_level = %s\n' "$READING_ENCODING" "$ZSTD_LEVEL" > "$apron_config"
+record apron.config "reading_encoding=$READING_ENCODING zstd_level=$ZSTD_LEVEL"
 sql_token="bench-sql-$RANDOM$RANDOM"
 start_apron() { # log file, time file; sets apron_pid (the server, not /usr/bin/time), apron_tpid, apron_url
     local logf=$1 timef=$2
     APRON_INGEST_TOKEN=$ingest_token APRON_SQL_TOKEN=$sql_token APRON_LOG=warn \
-        /usr/bin/time -v -o "$timef" "$apron_bin" serve --http 127.0.0.1:0 --data "$apron_data" > "$logf" 2>&1 &
+        /usr/bin/time -v -o "$timef" "$apron_bin" serve --config "$apron_config" --http 127.0.0.1:0 --data "$apron_data" > "$logf" 2>&1 &
     local tpid=$!
     pids+=("$tpid")
     local i
@@ -204,7 +211,7 @@ start_apron "$OUT/apron-query.log" "$OUT/apron-query.time"
 # merges, it is left to settle first.
 settled=$(settle_cpu "$apron_pid" "$APRON_SETTLE")
 record apron.settled "$settled"
-record apron.note "queries once the query server's first derivation of the day has settled (settled=$settled)"
+record apron.note "[storage] reading_encoding=$READING_ENCODING zstd_level=$ZSTD_LEVEL; queries once the query server's first derivation of the day has settled (settled=$settled)"
 python3 "$helpers/queries.py" apron "$apron_url" "$sql_token" "$OUT/meta.json" "$QUERY_RUNS" > "$OUT/apron.queries.json"
 record apron.query_rss_kb "$(hwm_kb "$apron_pid")"
 kill -TERM "$apron_pid"

@@ -63,7 +63,7 @@ pub use error::{IngestError, StoreError};
 /// the one implementation the server's state files, reports and endpoints use too.
 pub use fsutil::write_atomic;
 pub use memtable::TableStats;
-pub use persist::PersistedFile;
+pub use persist::{PersistedFile, ReadingEncoding};
 pub use storage::{ObjectStoreConfig, Storage, StorageError};
 pub use store::{
     Compacted, INGEST_PATIENCE, IngestOutcome, IngestRequest, MaintenanceReport, OpenReport, PersistReport, Store,

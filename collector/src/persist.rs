@@ -10,12 +10,13 @@
 //! File format (see also [`crate::schema`] for the column types):
 //! - rows sorted by (`gpu_uuid`, `time`), declared as `sorting_columns` in every row
 //!   group so query engines can skip sorts;
-//! - ZSTD; row groups of at most 100k rows; page-level statistics, which also writes
-//!   the page index (column index + offset index);
-//! - `time`, counters, codes and flags: DELTA_BINARY_PACKED, dictionary off — sorted
-//!   series make small deltas; integer-backed readings of activity and gauge fields
-//!   (decimals, Int32/Int64): BYTE_STREAM_SPLIT, dictionary off — noisy readings have
-//!   deltas as wide as their values, but their byte planes compress (see
+//! - ZSTD (`[storage] zstd_level`); row groups of at most 100k rows; an offset index
+//!   for every column; page-level statistics (the column index) for `time` and the
+//!   identity columns, row-group statistics for measurements;
+//! - `time` and integer-backed measurements (decimals, Int32/Int64): DELTA_BINARY_PACKED,
+//!   dictionary off — sorted series make small deltas; or, with `[storage]
+//!   reading_encoding = "byte_stream_split"`, BYTE_STREAM_SPLIT for the readings of
+//!   activity and gauge fields, whose noisy deltas are as wide as their values (see
 //!   [`column_encoding`]);
 //! - identity columns (`host`, `gpu_uuid`, `gpu_model`, `cluster`, `gpu_index`, `pid`,
 //!   process names, pods, …) and `window_s`: dictionary (RLE_DICTIONARY), which
@@ -54,17 +55,39 @@ const IDENTITY_INTEGERS: &[&str] = &["gpu_index", "pid"];
 pub struct PersistOptions {
     pub row_group_rows: usize,
     pub zstd_level: i32,
+    pub reading_encoding: ReadingEncoding,
+}
+
+/// How readings of activity and gauge fields (`gpu_util`, `power_watts`, PCIe bytes/s,
+/// …) are encoded in Parquet (`[storage] reading_encoding`); see [`column_encoding`].
+/// Both store the same values and types; files of both kinds mix in one partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadingEncoding {
+    /// DELTA_BINARY_PACKED: read by every engine that reads Parquet v2 pages.
+    #[default]
+    Delta,
+    /// BYTE_STREAM_SPLIT: about 16 % smaller files, but integer columns in it are read
+    /// only by newer engines (DuckDB 2.0 and later — 1.5 refuses them —, Arrow C++ and
+    /// pyarrow 16, Spark 4 / parquet-java 1.14, arrow-rs 53), so it is chosen, not the
+    /// default: a lake that older readers open must keep `delta`.
+    ByteStreamSplit,
 }
 
 impl PersistOptions {
-    /// Level 3 → 9 makes the storage benchmark's files 2 % smaller and the writer about
-    /// 40 % slower (docs/benchmarks.md, "Storage encodings").
+    /// Level 3 → 9 makes the storage benchmark's files 2 % smaller, a persist 5–15 %
+    /// slower and the server's peak RSS 22 MiB larger (docs/benchmarks.md, "Storage
+    /// encodings"): while memory is the tighter limit, 3.
     pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 }
 
 impl Default for PersistOptions {
     fn default() -> Self {
-        PersistOptions { row_group_rows: 100_000, zstd_level: Self::DEFAULT_ZSTD_LEVEL }
+        PersistOptions {
+            row_group_rows: 100_000,
+            zstd_level: Self::DEFAULT_ZSTD_LEVEL,
+            reading_encoding: ReadingEncoding::Delta,
+        }
     }
 }
 
@@ -137,15 +160,15 @@ pub fn table_dir(data_dir: &Path, table: Table) -> PathBuf {
 ///   (GPU, time), their steps are small or zero, which delta bit-packing reduces to a
 ///   few bits (energy in mJ: 6× smaller than byte-stream-split).
 /// - Readings of activity and gauge fields (`gpu_util`, `power_watts`,
-///   `pcie_rx_bytes_per_s`, …, their `_max` and rollup extremes): BYTE_STREAM_SPLIT.
-///   They jump by noise from one window to the next, so a delta is as wide as the value
-///   and bit-packing saves little; split into byte planes, the high bytes are nearly
-///   constant along a series and the low bytes of coarse readings (PCIe in KiB/s,
-///   utilisation in whole percent) repeat, and zstd finds both. Measured on the storage
-///   benchmark's dataset: 3–34 % smaller per column, 0.447 → 0.378 bytes per value in
-///   all (docs/benchmarks.md, "Storage encodings"). Every Parquet reader since format 2.11 reads
-///   it (DuckDB, pyarrow, Spark, DataFusion).
-pub fn column_encoding(table: Table, name: &str, data_type: &DataType) -> Option<Encoding> {
+///   `pcie_rx_bytes_per_s`, …, their `_max` and rollup extremes): as `readings` says.
+///   With [`ReadingEncoding::ByteStreamSplit`]: a reading jumps by noise from one window
+///   to the next, so a delta is as wide as the value and bit-packing saves little;
+///   split into byte planes, the high bytes are nearly constant along a series and the
+///   low bytes of coarse readings (PCIe in KiB/s, utilisation in whole percent)
+///   repeat, and zstd finds both. Measured on the storage benchmark's dataset: 2–34 %
+///   smaller per column, 0.447 → 0.378 bytes per value in all (docs/benchmarks.md,
+///   "Storage encodings").
+pub fn column_encoding(table: Table, name: &str, data_type: &DataType, readings: ReadingEncoding) -> Option<Encoding> {
     if matches!(data_type, DataType::Timestamp(..)) {
         return Some(Encoding::DELTA_BINARY_PACKED);
     }
@@ -154,8 +177,12 @@ pub fn column_encoding(table: Table, name: &str, data_type: &DataType) -> Option
     {
         return None;
     }
-    let noisy = reading_field(table, name).is_some_and(|f| matches!(f.kind(), FieldKind::Activity | FieldKind::Gauge));
-    Some(if noisy { Encoding::BYTE_STREAM_SPLIT } else { Encoding::DELTA_BINARY_PACKED })
+    let reading =
+        reading_field(table, name).is_some_and(|f| matches!(f.kind(), FieldKind::Activity | FieldKind::Gauge));
+    Some(match (reading, readings) {
+        (true, ReadingEncoding::ByteStreamSplit) => Encoding::BYTE_STREAM_SPLIT,
+        _ => Encoding::DELTA_BINARY_PACKED,
+    })
 }
 
 /// The writer properties for `table`.
@@ -180,7 +207,7 @@ pub fn writer_properties(table: Table, options: &PersistOptions) -> Result<Write
             KeyValue::new("apron.storage_version".to_owned(), STORAGE_VERSION.to_owned()),
         ]));
     for f in schema.fields() {
-        if let Some(encoding) = column_encoding(table, f.name(), f.data_type()) {
+        if let Some(encoding) = column_encoding(table, f.name(), f.data_type(), options.reading_encoding) {
             let path = ColumnPath::from(f.name().as_str());
             b = b.set_column_dictionary_enabled(path.clone(), false).set_column_encoding(path.clone(), encoding);
             // Queries select by time and identity, which keep page statistics (the

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apron_collector::{IngestRequest, Store, StoreConfig, Table};
+use apron_collector::{IngestRequest, ReadingEncoding, Store, StoreConfig, Table};
 use apron_common::wire::{encode_ipc, processes_to_batch, windows_to_batch};
 use apron_common::{Field, FieldStats, GpuIdentity, GpuUuid, GpuWindow, HostName, ProcessRow, UnixMicros};
 use apron_query::{DirectorySource, Format, QueryConfig, QueryEngine, QueryError, QueryResult, TableSource};
@@ -78,11 +78,17 @@ fn ingest(store: &Store, table: Table, sequence: u64, body: &[u8]) {
 
 /// Day 0 and day 1: 60 s each, persisted. Day 2: 30 s, memtable only. 600 rows in all.
 fn fixture() -> (tempfile::TempDir, Arc<Store>) {
+    fixture_with(ReadingEncoding::Delta)
+}
+
+/// [`fixture`], with readings written in `readings`.
+fn fixture_with(readings: ReadingEncoding) -> (tempfile::TempDir, Arc<Store>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = StoreConfig {
         data_dir: dir.path().join("data"),
         // The test decides when to persist.
         persist_interval: Duration::from_secs(3600),
+        reading_encoding: readings,
         ..StoreConfig::default()
     };
     let store = Store::open(config).expect("open");
@@ -156,7 +162,13 @@ async fn memtable_and_parquet_together_and_fresh_rows_visible_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aggregates_match_hand_computed_values() {
-    let (_dir, store) = fixture();
+    for readings in [ReadingEncoding::Delta, ReadingEncoding::ByteStreamSplit] {
+        aggregates_match_hand_computed_values_with(readings).await;
+    }
+}
+
+async fn aggregates_match_hand_computed_values_with(readings: ReadingEncoding) {
+    let (_dir, store) = fixture_with(readings);
     let e = engine(store, QueryConfig::default());
     let j = json(
         &e,
@@ -554,21 +566,28 @@ async fn directory_source_reads_persisted_files_only() {
 /// missing Python module fails the test: it never skips.
 #[test]
 fn parquet_files_open_in_duckdb_and_pyarrow() {
-    let (dir, store) = fixture();
-    store.persist_now().expect("persist");
-    let data = store.data_dir().to_path_buf();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for script in ["query/tests/duckdb_check.py", "collector/tests/read_parquet.py"] {
-        let out = std::process::Command::new("python3")
-            .arg(root.join(script))
-            .arg(&data)
-            .output()
-            .unwrap_or_else(|e| panic!("python3 is required ({e}): run scripts/install-test-tools.sh"));
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{script} failed (pip modules come from scripts/install-test-tools.sh):\n{text}");
-        assert!(text.contains("gpu_samples"), "{script}:\n{text}");
+    // Both encodings of readings: byte-stream-split integers need DuckDB 2.0 and
+    // pyarrow 16 or later (scripts/install-test-tools.sh pins them).
+    for readings in [ReadingEncoding::Delta, ReadingEncoding::ByteStreamSplit] {
+        let (dir, store) = fixture_with(readings);
+        store.persist_now().expect("persist");
+        let data = store.data_dir().to_path_buf();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for script in ["query/tests/duckdb_check.py", "collector/tests/read_parquet.py"] {
+            let out = std::process::Command::new("python3")
+                .arg(root.join(script))
+                .arg(&data)
+                .output()
+                .unwrap_or_else(|e| panic!("python3 is required ({e}): run scripts/install-test-tools.sh"));
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{script} ({readings:?}) failed (pip modules come from scripts/install-test-tools.sh):\n{text}"
+            );
+            assert!(text.contains("gpu_samples"), "{script}:\n{text}");
+        }
+        drop(dir);
     }
-    drop(dir);
 }
 
 /// A real S3-compatible server (`s3s-fs`, installed by `scripts/install-test-tools.sh`

@@ -65,9 +65,14 @@ fn merges_a_partition_into_one_sorted_file_with_bounded_memory() {
     let plans = plan(&before, MIDNIGHT + 86_400_000_000 + 3_600_000_000, POLICY);
     assert_eq!(plans.len(), 1);
     // 250 rows in memory at most: 12 GPUs × 100 rows come through in ranges of 2 GPUs.
-    let staged =
-        merge(&local(dir.path()), &plans[0], &PersistOptions { row_group_rows: 128, zstd_level: 3 }, 250, &|| false)
-            .expect("merge");
+    let staged = merge(
+        &local(dir.path()),
+        &plans[0],
+        &PersistOptions { row_group_rows: 128, ..PersistOptions::default() },
+        250,
+        &|| false,
+    )
+    .expect("merge");
     assert_eq!(staged.rows, 1200);
     assert!(staged.tmp.exists() && !staged.file.path.exists(), "nothing visible before the commit");
     assert_eq!(list_files(dir.path(), Table::GpuSamples).expect("list").len(), 3);

@@ -14,12 +14,11 @@ use crate::testdata;
 /// 2026-11-19T00:00:00Z.
 const MIDNIGHT: i64 = 20_776 * MICROS_PER_DAY;
 
-fn stage_and_publish(dir: &Path, table: Table, wire: &RecordBatch, rows_per_group: usize) -> Vec<StagedFile> {
+fn stage_and_publish(dir: &Path, table: Table, wire: &RecordBatch, options: PersistOptions) -> Vec<StagedFile> {
     let storage = to_storage(table, wire).expect("convert");
     // Two batches, to check they are merged and sorted across batch boundaries.
     let half = storage.num_rows() / 2;
     let batches = [storage.slice(half, storage.num_rows() - half), storage.slice(0, half)];
-    let options = PersistOptions { row_group_rows: rows_per_group, ..PersistOptions::default() };
     let staged = stage_table(dir, table, &batches, &options).expect("stage");
     for s in &staged {
         assert!(s.tmp.exists() && !s.file.path.exists(), "nothing visible before publish");
@@ -42,10 +41,17 @@ fn read(path: &Path) -> (Vec<RecordBatch>, parquet::file::metadata::ParquetMetaD
 
 #[test]
 fn gpu_samples_files_are_sorted_partitioned_and_exact() {
+    for readings in [ReadingEncoding::Delta, ReadingEncoding::ByteStreamSplit] {
+        sorted_partitioned_and_exact(readings);
+    }
+}
+
+fn sorted_partitioned_and_exact(readings: ReadingEncoding) {
     let dir = tempfile::tempdir().expect("tempdir");
     // 16 GPUs × 100 s across midnight: 50 s on each day.
     let wire = testdata::samples(16, MIDNIGHT - 50_000_000, 100);
-    let staged = stage_and_publish(dir.path(), Table::GpuSamples, &wire, 300);
+    let options = PersistOptions { row_group_rows: 300, reading_encoding: readings, ..PersistOptions::default() };
+    let staged = stage_and_publish(dir.path(), Table::GpuSamples, &wire, options);
     let files = list_files(dir.path(), Table::GpuSamples).expect("list");
     assert_eq!(files.iter().map(|f| f.date.as_str()).collect::<Vec<_>>(), vec!["2026-11-18", "2026-11-19"]);
     assert_eq!(files.len(), staged.len());
@@ -94,10 +100,13 @@ fn gpu_samples_files_are_sorted_partitioned_and_exact() {
             vec![(idx("gpu_uuid"), false), (idx("time"), false)]
         );
         let col = |c: &str| rg.column(idx(c));
+        let reading = match readings {
+            ReadingEncoding::Delta => Encoding::DELTA_BINARY_PACKED,
+            ReadingEncoding::ByteStreamSplit => Encoding::BYTE_STREAM_SPLIT,
+        };
         let delta = ["time", "energy_joules"].map(|c| (c, Encoding::DELTA_BINARY_PACKED));
-        let split = ["gpu_util", "gpu_util_max", "power_watts", "gpu_temp_c", "fb_used_bytes"]
-            .map(|c| (c, Encoding::BYTE_STREAM_SPLIT));
-        for (c, encoding) in delta.into_iter().chain(split) {
+        let readings = ["gpu_util", "gpu_util_max", "power_watts", "gpu_temp_c", "fb_used_bytes"].map(|c| (c, reading));
+        for (c, encoding) in delta.into_iter().chain(readings) {
             let encodings: Vec<Encoding> = col(c).encodings().collect();
             assert!(encodings.contains(&encoding), "{c}: {encodings:?}");
             assert!(!encodings.contains(&Encoding::RLE_DICTIONARY), "{c}: {encodings:?}");
@@ -121,7 +130,7 @@ fn gpu_samples_files_are_sorted_partitioned_and_exact() {
 fn gpu_processes_are_sorted_and_exact() {
     let dir = tempfile::tempdir().expect("tempdir");
     let wire = testdata::processes(5, MIDNIGHT + 1);
-    stage_and_publish(dir.path(), Table::GpuProcesses, &wire, 100_000);
+    stage_and_publish(dir.path(), Table::GpuProcesses, &wire, PersistOptions::default());
     let files = list_files(dir.path(), Table::GpuProcesses).expect("list");
     assert_eq!(files.len(), 1);
     assert!(files[0].path.starts_with(dir.path().join("gpu_processes").join("date=2026-11-19")));
@@ -177,6 +186,10 @@ fn encoding_choice() {
         (Table::GpuProcesses, "sm_util", DataType::Decimal128(5, 4), Some(DELTA)),
     ];
     for (table, name, data_type, want) in cases {
-        assert_eq!(column_encoding(table, name, &data_type), want, "{table:?}.{name}");
+        let split = column_encoding(table, name, &data_type, ReadingEncoding::ByteStreamSplit);
+        assert_eq!(split, want, "{table:?}.{name}");
+        // The default, which every lake reader opens: delta wherever split would be.
+        let delta = column_encoding(table, name, &data_type, ReadingEncoding::Delta);
+        assert_eq!(delta, want.map(|_| DELTA), "{table:?}.{name}");
     }
 }

@@ -240,7 +240,11 @@ impl Inner {
     }
 
     pub(super) fn persist_options(&self) -> PersistOptions {
-        PersistOptions { row_group_rows: self.config.row_group_rows, zstd_level: self.config.zstd_level }
+        PersistOptions {
+            row_group_rows: self.config.row_group_rows,
+            zstd_level: self.config.zstd_level,
+            reading_encoding: self.config.reading_encoding,
+        }
     }
 
     /// Publishes `staged` in place of the partition's files, one replacement at a time.
