@@ -19,6 +19,10 @@ command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
 # psql talks to the PostgreSQL wire port (server/tests/server.rs).
 command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client)
+# The PostgreSQL JDBC driver that Metabase, DBeaver and Tableau embed, run by the JDK's
+# source launcher (tests/pg/Jdbc.java, from server/tests/server/pg_clients.rs).
+command -v java >/dev/null 2>&1 || need_apt+=(default-jdk-headless)
+[ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
 # Headless Chromium drives the web UI (tests/ui/chromium_check.py, from server/tests/server/ui.rs).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
@@ -53,9 +57,10 @@ if ! python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.htt
 fi
 
 # The PostgreSQL clients analysts use, against the pg port (tests/pg/clients.py, from
-# server/tests/server/pg_clients.rs): psycopg 3, asyncpg, SQLAlchemy and pandas.
-if ! python3 -c "import psycopg, asyncpg, sqlalchemy, pandas" >/dev/null 2>&1; then
-  python3 -m pip install --quiet --disable-pip-version-check "psycopg[binary]>=3.1" "asyncpg>=0.29" "sqlalchemy>=2" "pandas>=2"
+# server/tests/server/pg_clients.rs): psycopg 3, asyncpg, SQLAlchemy and pandas; and
+# pgserver for the psql 16 its wheel carries (psql's \bind is new in 16; Debian 12 has 15).
+if ! python3 -c "import psycopg, asyncpg, sqlalchemy, pandas, importlib.util, sys; sys.exit(importlib.util.find_spec('pgserver') is None)" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check "psycopg[binary]>=3.1" "asyncpg>=0.29" "sqlalchemy>=2" "pandas>=2" "pgserver>=0.1.4"
 fi
 
 # A real S3-compatible server for the object-store storage root (query/tests/query.rs).
@@ -130,6 +135,9 @@ prometheus --version 2>&1 | head -1
 prometheus-alertmanager --version 2>&1 | head -1
 chromium --version
 psql --version
+"$(python3 -c "import importlib.util, os; print(os.path.join(importlib.util.find_spec('pgserver').submodule_search_locations[0], 'pginstall', 'bin', 'psql'))")" --version
+java -version 2>&1 | head -1
+ls /usr/share/java/postgresql.jar
 "$S3S_FS" --version
 python3 -c "import duckdb, pyarrow; print('duckdb', duckdb.__version__, '/ pyarrow', pyarrow.__version__)"
 python3 -c "import aiosmtpd, openpyxl; print('aiosmtpd', aiosmtpd.__version__, '/ openpyxl', openpyxl.__version__)"

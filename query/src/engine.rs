@@ -573,14 +573,18 @@ impl Inner {
     /// read-only checks on the statement and on the plan.
     async fn plan(&self, state: &SessionState, request: &Request) -> Result<LogicalPlan, QueryError> {
         let statement = if request.pg_client {
-            let mut statements =
-                self.pg_parser.parse(&request.sql).map_err(|e| QueryError::Syntax { detail: e.to_string() })?;
+            let mut statements = self
+                .pg_parser
+                .parse(&pgcompat::rewrite_client_sql(&request.sql))
+                .map_err(|e| QueryError::Syntax { detail: e.to_string() })?;
             if statements.len() != 1 {
                 return Err(QueryError::Syntax {
                     detail: format!("expected one statement, found {}", statements.len()),
                 });
             }
-            DfStatement::Statement(Box::new(statements.remove(0)))
+            let mut statement = statements.remove(0);
+            pgcompat::aggregate_catalog_subqueries(&mut statement);
+            DfStatement::Statement(Box::new(statement))
         } else {
             let dialect = state.config().options().sql_parser.dialect;
             state.sql_to_statement(&request.sql, &dialect).map_err(|e| self.df_err(e))?

@@ -1,8 +1,11 @@
 //! What PostgreSQL clients expect of the catalog: `pg_catalog` (datafusion-pg-catalog's
 //! tables and functions, per session: a team's describes its own catalog), and a
 //! `version()` in PostgreSQL's form, which drivers parse on connect (SQLAlchemy, JDBC
-//! and Grafana read the major version from it).
+//! and Grafana read the major version from it), the session parameters they read
+//! (`SHOW x`, `current_setting('x')`), and one rewrite of client SQL that DataFusion
+//! cannot plan ([`rewrite_client_sql`]).
 
+use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -20,6 +23,39 @@ use datafusion_pg_catalog::pg_catalog::{PgCatalogSchemaProvider, PgCatalogStatic
 
 /// The PostgreSQL version the port speaks for (as pgwire's `server_version` says).
 pub const PG_VERSION: &str = "16.6";
+
+/// The session parameters clients read (`SHOW <name>`, `current_setting('<name>')`):
+/// fixed, since a session cannot change anything that matters to a read-only engine.
+/// Lower-case names; `transaction isolation level` is `SHOW`'s spelling.
+pub const SETTINGS: &[(&str, &str)] = &[
+    ("transaction isolation level", "read committed"),
+    ("transaction_isolation", "read committed"),
+    ("default_transaction_isolation", "read committed"),
+    ("transaction_read_only", "on"),
+    ("default_transaction_read_only", "on"),
+    ("standard_conforming_strings", "on"),
+    ("integer_datetimes", "on"),
+    ("server_version", PG_VERSION),
+    ("server_version_num", "160006"),
+    ("client_encoding", "UTF8"),
+    ("server_encoding", "UTF8"),
+    ("search_path", SEARCH_PATH),
+    ("datestyle", "ISO, MDY"),
+    ("timezone", "UTC"),
+    ("max_identifier_length", "63"),
+    ("lc_collate", "en_US.UTF-8"),
+    ("lc_ctype", "en_US.UTF-8"),
+    ("application_name", ""),
+];
+
+/// The one schema Apron's tables live in, and so the whole search path.
+pub const SEARCH_PATH: &str = "public";
+
+/// A session parameter's value, by name in any case.
+pub fn setting(name: &str) -> Option<&'static str> {
+    let name = name.trim().to_ascii_lowercase();
+    SETTINGS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
 
 /// `version()` as clients parse it: `PostgreSQL <major.minor> …`.
 pub fn version_string() -> String {
@@ -65,8 +101,22 @@ pub fn setup(ctx: &SessionContext, catalog: &str) -> Result<Arc<PgCatalogStaticT
         Volatility::Immutable,
         Arc::new(|_| Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))),
     ));
-    ctx.register_udf(ScalarUDF::new_from_impl(JsonBuildObject {
+    // Grafana reads `current_setting('server_version_num')` to pick its SQL dialect.
+    ctx.register_udf(ScalarUDF::new_from_impl(TextFunction {
+        name: "current_setting",
+        signature: Signature::one_of(
+            vec![
+                datafusion::logical_expr::TypeSignature::Exact(vec![DataType::Utf8]),
+                datafusion::logical_expr::TypeSignature::Exact(vec![DataType::Utf8, DataType::Boolean]),
+            ],
+            Volatility::Stable,
+        ),
+        row: current_setting,
+    }));
+    ctx.register_udf(ScalarUDF::new_from_impl(TextFunction {
+        name: "json_build_object",
         signature: Signature::variadic_any(Volatility::Immutable),
+        row: json_build_object,
     }));
     ctx.register_udf(create_udf(
         "to_regtype",
@@ -78,15 +128,33 @@ pub fn setup(ctx: &SessionContext, catalog: &str) -> Result<Arc<PgCatalogStaticT
     Ok(tables)
 }
 
-/// `json_build_object(k1, v1, …)`: a JSON object as text, from key/value pairs.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct JsonBuildObject {
+/// A function of text, computed row by row from its arguments' values: the catalog
+/// functions clients call that DataFusion lacks. Equal by name and signature (a name
+/// is registered once).
+#[derive(Debug)]
+struct TextFunction {
+    name: &'static str,
     signature: Signature,
+    row: fn(&[ScalarValue]) -> Result<Option<String>>,
 }
 
-impl ScalarUDFImpl for JsonBuildObject {
+impl PartialEq for TextFunction {
+    fn eq(&self, other: &Self) -> bool {
+        (self.name, &self.signature) == (other.name, &other.signature)
+    }
+}
+
+impl Eq for TextFunction {}
+
+impl std::hash::Hash for TextFunction {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.name, &self.signature).hash(state);
+    }
+}
+
+impl ScalarUDFImpl for TextFunction {
     fn name(&self) -> &str {
-        "json_build_object"
+        self.name
     }
 
     fn signature(&self) -> &Signature {
@@ -98,22 +166,203 @@ impl ScalarUDFImpl for JsonBuildObject {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        if !args.args.len().is_multiple_of(2) {
-            return Err(DataFusionError::Plan("json_build_object takes key/value pairs".into()));
-        }
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let mut out = Vec::with_capacity(args.number_rows);
         for row in 0..args.number_rows {
-            let mut object = serde_json::Map::new();
-            for pair in arrays.chunks(2) {
-                let key = ScalarValue::try_from_array(&pair[0], row)?;
-                let value = ScalarValue::try_from_array(&pair[1], row)?;
-                object.insert(text_of(&key), json_of(&value));
-            }
-            out.push(serde_json::Value::Object(object).to_string());
+            let values = arrays.iter().map(|a| ScalarValue::try_from_array(a, row)).collect::<Result<Vec<_>>>()?;
+            out.push((self.row)(&values)?);
         }
-        Ok(ColumnarValue::Array(Arc::new(datafusion::arrow::array::StringArray::from(out))))
+        let values = datafusion::arrow::array::StringArray::from(out);
+        if args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&values, 0)?));
+        }
+        Ok(ColumnarValue::Array(Arc::new(values)))
     }
+}
+
+/// `current_setting(name [, missing_ok])`: a [`SETTINGS`] value; an unknown name is
+/// PostgreSQL's error, or NULL when `missing_ok`.
+fn current_setting(args: &[ScalarValue]) -> Result<Option<String>> {
+    let Some(name) = args.first().filter(|n| !n.is_null()) else {
+        return Ok(None);
+    };
+    let name = text_of(name);
+    let missing_ok = matches!(args.get(1), Some(ScalarValue::Boolean(Some(true))));
+    match setting(&name) {
+        Some(value) => Ok(Some(value.to_owned())),
+        None if missing_ok => Ok(None),
+        None => Err(DataFusionError::Execution(format!("unrecognized configuration parameter \"{name}\""))),
+    }
+}
+
+/// `json_build_object(k1, v1, …)`: a JSON object as text, from key/value pairs.
+fn json_build_object(args: &[ScalarValue]) -> Result<Option<String>> {
+    if !args.len().is_multiple_of(2) {
+        return Err(DataFusionError::Plan("json_build_object takes key/value pairs".into()));
+    }
+    let object: serde_json::Map<String, serde_json::Value> =
+        args.chunks(2).map(|pair| (text_of(&pair[0]), json_of(&pair[1]))).collect();
+    Ok(Some(serde_json::Value::Object(object).to_string()))
+}
+
+/// Grafana's "is this schema on the search path" subquery (its table and column
+/// pickers send it), token for token. DataFusion cannot plan it (a function call in
+/// `FROM`), and datafusion-pg-catalog's parser replaces it with `''`, which matches no
+/// schema, so the column picker came back empty. Its value is a constant here: the
+/// search path is [`SEARCH_PATH`]. Grafana sends it only as `x IN (<subquery>)`.
+const GRAFANA_SEARCH_PATH_SUBQUERY: &str = r#"SELECT
+    CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
+  FROM
+    generate_series(
+      array_lower(string_to_array(current_setting('search_path'),','),1),
+      array_upper(string_to_array(current_setting('search_path'),','),1)
+    ) as i,
+    string_to_array(current_setting('search_path'),',') s"#;
+
+/// Rewrites the parts of a PostgreSQL client's SQL that DataFusion cannot plan but
+/// whose value is fixed here, before datafusion-pg-catalog's parser sees it: today
+/// Grafana's search-path subquery, which becomes the literal `'<SEARCH_PATH>'` (so
+/// `x IN (<subquery>)` reads `x IN ('public')`: DataFusion cannot plan an `IN`
+/// subquery inside a `CASE` of the projection either). Matched on
+/// tokens (whitespace and case of keywords aside), so a string literal that happens
+/// to contain the text is left alone; anything else comes back unchanged.
+pub fn rewrite_client_sql(sql: &str) -> Cow<'_, str> {
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+    // Cheap test first: almost no query mentions it.
+    if !sql.contains("current_setting") {
+        return Cow::Borrowed(sql);
+    }
+    let dialect = PostgreSqlDialect {};
+    let significant = |tokens: Vec<TokenWithSpan>| -> Vec<TokenWithSpan> {
+        tokens.into_iter().filter(|t| !matches!(t.token, Token::Whitespace(_))).collect()
+    };
+    let (Ok(pattern), Ok(tokens)) = (
+        Tokenizer::new(&dialect, GRAFANA_SEARCH_PATH_SUBQUERY).tokenize_with_location(),
+        Tokenizer::new(&dialect, sql).tokenize_with_location(),
+    ) else {
+        return Cow::Borrowed(sql);
+    };
+    let (pattern, tokens) = (significant(pattern), significant(tokens));
+    let same = |a: &Token, b: &Token| match (a, b) {
+        (Token::Word(a), Token::Word(b)) => a.quote_style == b.quote_style && a.value.eq_ignore_ascii_case(&b.value),
+        _ => a == b,
+    };
+    // Byte offset of a 1-based (line, column in characters) location.
+    let line_starts: Vec<usize> = std::iter::once(0).chain(sql.match_indices('\n').map(|(i, _)| i + 1)).collect();
+    let offset = |line: u64, column: u64| -> Option<usize> {
+        let start = *line_starts.get(usize::try_from(line).ok()?.checked_sub(1)?)?;
+        let column = usize::try_from(column).ok()?.checked_sub(1)?;
+        sql[start..].char_indices().map(|(i, _)| start + i).chain(std::iter::once(sql.len())).nth(column)
+    };
+    let mut out = String::with_capacity(sql.len());
+    let (mut copied, mut i) = (0, 0);
+    while i + pattern.len() <= tokens.len() {
+        let window = &tokens[i..i + pattern.len()];
+        if !window.iter().zip(&pattern).all(|(t, p)| same(&t.token, &p.token)) {
+            i += 1;
+            continue;
+        }
+        let (first, last) = (&window[0].span, &window[pattern.len() - 1].span);
+        let (Some(from), Some(to)) =
+            (offset(first.start.line, first.start.column), offset(last.end.line, last.end.column))
+        else {
+            return Cow::Borrowed(sql);
+        };
+        out.push_str(&sql[copied..from]);
+        out.push_str(&format!("'{SEARCH_PATH}'"));
+        copied = to;
+        i += pattern.len();
+    }
+    if copied == 0 {
+        return Cow::Borrowed(sql);
+    }
+    out.push_str(&sql[copied..]);
+    Cow::Owned(out)
+}
+
+/// Makes the scalar subqueries of catalog queries plannable: DataFusion decorrelates a
+/// correlated scalar subquery only when it is aggregated ("must be aggregated to return
+/// at most one row"), and schema browsers write them bare — SQLAlchemy's
+/// `inspect().get_columns()` asks for each column's default, identity and collation so.
+/// A subquery over `pg_catalog` tables alone that selects one plain expression (no
+/// aggregate, no `GROUP BY`) selects `max(expr)` instead: the same value where there is
+/// at most one row, which is what these lookups by OID have. Queries over Apron's
+/// tables are left alone (there PostgreSQL's "more than one row" error stays an error).
+///
+/// DataFusion does not decorrelate a subquery in a `CASE` branch at all, and that is
+/// where SQLAlchemy asks `pg_attrdef` and `pg_sequence`. Apron's tables have no column
+/// defaults and no sequences, so those catalogs are empty and any subquery over them
+/// alone is NULL: it is written so.
+pub fn aggregate_catalog_subqueries(statement: &mut datafusion::sql::sqlparser::ast::Statement) {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, ObjectName,
+        SelectItem, SetExpr, TableFactor, visit_expressions_mut,
+    };
+    const AGGREGATES: &[&str] =
+        &["max", "min", "count", "sum", "avg", "array_agg", "string_agg", "bool_and", "bool_or"];
+    const EMPTY_CATALOGS: &[&str] = &["pg_attrdef", "pg_sequence"];
+    // The catalog tables a FROM reads, or None when it reads anything else.
+    let catalog_tables = |from: &[datafusion::sql::sqlparser::ast::TableWithJoins]| -> Option<Vec<String>> {
+        let relations =
+            from.iter().flat_map(|t| std::iter::once(&t.relation).chain(t.joins.iter().map(|j| &j.relation)));
+        let tables = relations
+            .map(|f| match f {
+                TableFactor::Table { name, args: None, .. } => {
+                    let parts: Vec<String> = name.0.iter().map(|p| p.to_string().to_ascii_lowercase()).collect();
+                    match parts.as_slice() {
+                        [table] if table.starts_with("pg_") => Some(table.clone()),
+                        [schema, table] if schema == "pg_catalog" => Some(table.clone()),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            })
+            .collect::<Option<Vec<String>>>()?;
+        (!tables.is_empty()).then_some(tables)
+    };
+    let catalog_only = |from: &[datafusion::sql::sqlparser::ast::TableWithJoins]| catalog_tables(from).is_some();
+    let _ = visit_expressions_mut(statement, |expr| {
+        if let Expr::Subquery(query) = expr
+            && let SetExpr::Select(select) = query.body.as_ref()
+            && catalog_tables(&select.from).is_some_and(|t| t.iter().all(|t| EMPTY_CATALOGS.contains(&t.as_str())))
+        {
+            *expr = Expr::value(datafusion::sql::sqlparser::ast::Value::Null);
+            return std::ops::ControlFlow::<()>::Continue(());
+        }
+        if let Expr::Subquery(query) = expr
+            && let SetExpr::Select(select) = query.body.as_mut()
+            && select.projection.len() == 1
+            && matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty())
+            && select.having.is_none()
+            && catalog_only(&select.from)
+        {
+            let item = match &mut select.projection[0] {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
+                _ => return std::ops::ControlFlow::<()>::Continue(()),
+            };
+            let aggregated = matches!(item, Expr::Function(f)
+                if AGGREGATES.contains(&f.name.to_string().to_ascii_lowercase().trim_start_matches("pg_catalog.")));
+            if !aggregated {
+                let inner = std::mem::replace(item, Expr::value(datafusion::sql::sqlparser::ast::Value::Null));
+                *item = Expr::Function(Function {
+                    name: ObjectName::from(vec![datafusion::sql::sqlparser::ast::Ident::new("max")]),
+                    uses_odbc_syntax: false,
+                    parameters: FunctionArguments::None,
+                    args: FunctionArguments::List(FunctionArgumentList {
+                        duplicate_treatment: None,
+                        args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(inner))],
+                        clauses: vec![],
+                    }),
+                    filter: None,
+                    null_treatment: None,
+                    over: None,
+                    within_group: vec![],
+                });
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    });
 }
 
 fn text_of(v: &ScalarValue) -> String {
@@ -239,5 +488,99 @@ impl CatalogInfo for Catalogs {
 
     async fn table_type(&self, catalog: &str, schema: &str, table: &str) -> Result<Option<TableType>> {
         CatalogInfo::table_type(&self.get()?, catalog, schema, table).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Grafana's table picker (postgresMetaQuery.ts `showTables()`): the subquery twice.
+    const TABLES: &str = r#"SELECT
+    CASE WHEN
+          quote_ident(table_schema) IN (
+          SELECT
+            CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END
+          FROM
+            generate_series(
+              array_lower(string_to_array(current_setting('search_path'),','),1),
+              array_upper(string_to_array(current_setting('search_path'),','),1)
+            ) as i,
+            string_to_array(current_setting('search_path'),',') s
+          )
+      THEN quote_ident(table_name)
+      ELSE quote_ident(table_schema) || '.' || quote_ident(table_name)
+    END AS "table"
+    FROM information_schema.tables
+    ORDER BY CASE WHEN quote_ident(table_schema) IN (SELECT CASE WHEN trim(s[i]) = '"$user"' THEN user ELSE trim(s[i]) END FROM generate_series(array_lower(string_to_array(current_setting('search_path'),','),1), array_upper(string_to_array(current_setting('search_path'),','),1)) as i, string_to_array(current_setting('search_path'),',') s) THEN 0 ELSE 1 END, 1"#;
+
+    #[test]
+    fn grafanas_search_path_subquery_becomes_the_fixed_search_path_wherever_it_appears() {
+        let out = rewrite_client_sql(TABLES);
+        let expected = r#"SELECT
+    CASE WHEN
+          quote_ident(table_schema) IN (
+          'public'
+          )
+      THEN quote_ident(table_name)
+      ELSE quote_ident(table_schema) || '.' || quote_ident(table_name)
+    END AS "table"
+    FROM information_schema.tables
+    ORDER BY CASE WHEN quote_ident(table_schema) IN ('public') THEN 0 ELSE 1 END, 1"#;
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn other_sql_is_left_alone_even_when_it_mentions_the_subquery_in_a_string() {
+        for sql in [
+            "SELECT current_setting('server_version_num')::int/100 AS version",
+            "SELECT 'SELECT CASE WHEN trim(s[i]) = current_setting(''search_path'')' AS t",
+            "SELECT count(*) FROM gpu_samples",
+            "SELECT é, current_setting('search_path') FROM t -- ünïcode",
+        ] {
+            assert!(matches!(rewrite_client_sql(sql), Cow::Borrowed(s) if s == sql), "{sql}");
+        }
+    }
+
+    fn aggregated(sql: &str) -> String {
+        use datafusion::sql::sqlparser::{dialect::PostgreSqlDialect, parser::Parser};
+        let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).expect("parses");
+        aggregate_catalog_subqueries(&mut statements[0]);
+        statements[0].to_string()
+    }
+
+    #[test]
+    fn catalog_scalar_subqueries_are_aggregated_and_those_over_empty_catalogs_are_null() {
+        assert_eq!(
+            aggregated(
+                "SELECT a.attname, (SELECT t.typcollation FROM pg_catalog.pg_type t WHERE t.oid = a.atttypid) AS c \
+                 FROM pg_catalog.pg_attribute a"
+            ),
+            "SELECT a.attname, (SELECT max(t.typcollation) FROM pg_catalog.pg_type t WHERE t.oid = a.atttypid) AS c \
+             FROM pg_catalog.pg_attribute a"
+        );
+        assert_eq!(
+            aggregated(
+                "SELECT CASE WHEN a.atthasdef THEN (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d \
+                 WHERE d.adrelid = a.attrelid) END FROM pg_catalog.pg_attribute a"
+            ),
+            "SELECT CASE WHEN a.atthasdef THEN NULL END FROM pg_catalog.pg_attribute a"
+        );
+        // Already aggregated, or over Apron's tables: unchanged.
+        for sql in [
+            "SELECT (SELECT count(*) FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid) FROM pg_catalog.pg_namespace AS n",
+            "SELECT (SELECT s.gpu_util FROM gpu_samples AS s WHERE s.gpu_uuid = c.gpu_uuid) FROM gpu_cost_hourly AS c",
+        ] {
+            assert_eq!(aggregated(sql), sql);
+        }
+    }
+
+    #[test]
+    fn settings_are_found_in_any_case_and_unknown_ones_are_not() {
+        assert_eq!(setting("Search_Path"), Some("public"));
+        assert_eq!(setting(" server_version_num "), Some("160006"));
+        assert_eq!(setting("transaction isolation level"), Some("read committed"));
+        assert_eq!(setting("work_mem"), None);
+        assert!(version_string().starts_with(&format!("PostgreSQL {PG_VERSION} ")));
     }
 }

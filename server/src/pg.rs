@@ -282,21 +282,7 @@ fn session_show(query: &str) -> Option<(String, &'static str)> {
         return None;
     }
     let name = words[1..].join(" ");
-    let value = match name.as_str() {
-        "transaction isolation level" | "default_transaction_isolation" => "read committed",
-        "transaction_read_only" | "default_transaction_read_only" => "on",
-        "standard_conforming_strings" | "integer_datetimes" => "on",
-        "server_version" => apron_query::pgcompat::PG_VERSION,
-        "server_version_num" => "160006",
-        "client_encoding" | "server_encoding" => "UTF8",
-        "search_path" => "public",
-        "datestyle" => "ISO, MDY",
-        "timezone" => "UTC",
-        "max_identifier_length" => "63",
-        "lc_collate" | "lc_ctype" => "en_US.UTF-8",
-        "application_name" => "",
-        _ => return None,
-    };
+    let value = apron_query::pgcompat::setting(&name)?;
     Some((name.replace(' ', "_"), value))
 }
 

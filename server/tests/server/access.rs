@@ -367,3 +367,58 @@ async fn a_team_token_cannot_read_another_teams_rows_by_any_route() {
     let q = "WITH s AS (SELECT gpu_uuid FROM gpu_samples) SELECT count(*) FROM s WHERE gpu_uuid IN ('GPU-B', 'GPU-C')";
     assert_eq!(psql("vision-analyst", "vision-pass-0123", q).await.expect("join"), "0");
 }
+
+/// The SQL of docs/sql.md, as a reader would paste it: the `sql` blocks of its cookbook
+/// and the queries of its `curl` examples.
+fn documented_sql() -> Vec<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/sql.md")).expect("docs/sql.md");
+    let mut queries = Vec::new();
+    let mut block: Option<String> = None;
+    for line in doc.lines() {
+        match (&mut block, line.trim_end()) {
+            (None, "```sql") => block = Some(String::new()),
+            (Some(sql), "```") => {
+                queries.push(std::mem::take(sql));
+                block = None;
+            }
+            (Some(sql), text) => {
+                sql.push_str(text);
+                sql.push('\n');
+            }
+            (None, text) if text.contains("--data") => {
+                for (open, close) in [("--data-binary \"", "\""), ("{\"sql\": \"", "\"}")] {
+                    if let Some(start) = text.find(open) {
+                        let rest = &text[start + open.len()..];
+                        queries.push(rest[..rest.find(close).expect("closed")].to_owned());
+                    }
+                }
+            }
+            (None, _) => {}
+        }
+    }
+    queries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_query_in_docs_sql_md_runs_as_written_for_a_viewer_and_a_team() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = T0 + 61 * MIN;
+    let server = priced_trace(dir.path(), now).await;
+    server.alerts().expect("alerts").evaluate_at(now).await.expect("alerts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let api = listener.local_addr().expect("addr");
+    let router = server.router();
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+
+    let queries = documented_sql();
+    // Four cookbook recipes and the two curl examples.
+    assert_eq!(queries.len(), 6, "{queries:#?}");
+    for sql in &queries {
+        for token in [VIEWER, VISION] {
+            sql_rows(api, token, sql).await;
+        }
+    }
+    // The curl example's GROUP BY over the trace: two hosts, one cluster.
+    let hosts = sql_rows(api, VIEWER, &queries[0]).await;
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+}
