@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 /// Configuration of [`crate::Store`]. Durations are humantime strings (`10m`, `7d`).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -15,7 +15,7 @@ pub struct StoreConfig {
     /// A WAL segment is closed once it reaches this size.
     pub wal_segment_bytes: u64,
     /// Persist the memtable to Parquet at least this often.
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub persist_interval: Duration,
     /// … or as soon as the memtable holds this many Arrow bytes.
     pub persist_max_bytes: u64,
@@ -32,7 +32,7 @@ pub struct StoreConfig {
     pub max_batch_bytes: u64,
     /// Dedup forgets an (agent, epoch) not seen for this long. Must exceed the longest
     /// time an agent may keep retrying an old batch (its spool drains after outages).
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub dedup_retention: Duration,
     /// Rows per Parquet row group.
     pub row_group_rows: usize,
@@ -44,11 +44,11 @@ pub struct StoreConfig {
     /// later to read the lake directly).
     pub reading_encoding: crate::persist::ReadingEncoding,
     /// How often compaction, retention and the deletion of superseded files run.
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub maintenance_interval: Duration,
     /// A finished day's partition is merged into one file this long after the day ends
     /// (late batches of the day usually are in by then; later ones are tiered beside it).
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub compaction_delay: Duration,
     /// A size tier of a partition (persists' files, merges of those, …) with more files
     /// than this is merged into one file of the next tier, also before the day is over.
@@ -60,14 +60,14 @@ pub struct StoreConfig {
     pub compaction_memory_bytes: usize,
     /// Merged inputs stay on disk (hidden from listings) this long, so queries planned
     /// before the merge can still read them.
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub superseded_grace: Duration,
     /// Raw tables (`gpu_samples`, `gpu_processes`): partitions whose day ended longer ago
     /// are deleted.
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub retention_raw: Duration,
     /// Derived tables (`gpu_samples_1m`, `allocations`, `gpu_cost_hourly`).
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub retention_derived: Duration,
     /// Keep the published Parquet files in an S3-compatible bucket instead of
     /// `data_dir` (which still holds the WAL, the checkpoint and files being written).
@@ -128,11 +128,6 @@ impl StoreConfig {
         }
         Ok(())
     }
-}
-
-fn humantime_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 //! This crate is deliberately dependency-light: the agent links it and must stay small.
 
 pub mod chain;
+pub mod duration;
 pub mod field;
 pub mod ids;
 #[cfg(feature = "serve")]

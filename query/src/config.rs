@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 /// Limits applied to every query. Durations are humantime strings (`30s`, `2m`).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer};
 pub struct QueryConfig {
     /// Wall-clock limit of one query: planning, execution and collecting the result.
     /// Past it the query is cancelled and answers [`crate::QueryError::Timeout`].
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub timeout: Duration,
     /// Memory one query may reserve in DataFusion's memory pool (hash tables, sort
     /// buffers, join build sides). Each query gets its own pool, so the server's worst
@@ -31,7 +31,7 @@ pub struct QueryConfig {
     /// recommendations, import), on top of `max_concurrent`: clients cannot starve them.
     pub reserved_internal: usize,
     /// How long a query waits for a free slot before [`crate::QueryError::Busy`].
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub queue_timeout: Duration,
     /// A result with more rows is refused ([`crate::QueryError::TooManyRows`]): the
     /// result is held in memory to be rendered, so this bounds it. 0 = no limit.
@@ -83,11 +83,6 @@ impl Default for QueryConfig {
             max_string_result_bytes: 64 << 20,
         }
     }
-}
-
-fn humantime_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

@@ -57,10 +57,10 @@ use crate::schedule::WebhookConfig;
 #[serde(deny_unknown_fields, default)]
 pub struct AlertsConfig {
     pub enabled: bool,
-    #[serde(deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub interval: Duration,
     /// How long resolved alerts stay listed (API, table).
-    #[serde(deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub keep_resolved: Duration,
     pub rules: AlertRules,
     pub exempt: Exemptions,
@@ -97,7 +97,7 @@ impl Default for AlertsConfig {
 pub struct AlertmanagerConfig {
     /// Base URLs, e.g. `http://alertmanager:9093`.
     pub urls: Vec<String>,
-    #[serde(default = "default_timeout", deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(default = "default_timeout", deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub timeout: Duration,
 }
 

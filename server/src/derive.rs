@@ -53,7 +53,7 @@ pub struct RollupConfig {
     /// (and is lost with raw retention).
     pub enabled: bool,
     /// How often finished days are checked.
-    #[serde(with = "humantime_serde_duration")]
+    #[serde(with = "apron_common::duration::at_least_1s")]
     pub interval: Duration,
     /// A day is rolled up this many GPUs at a time and written as it comes, so memory
     /// follows this, not the fleet's size.
@@ -63,21 +63,6 @@ pub struct RollupConfig {
 impl Default for RollupConfig {
     fn default() -> Self {
         RollupConfig { enabled: true, interval: Duration::from_secs(60), gpus_per_query: 64 }
-    }
-}
-
-mod humantime_serde_duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        let v = humantime::parse_duration(&s).map_err(serde::de::Error::custom)?;
-        if v < Duration::from_secs(1) {
-            return Err(serde::de::Error::custom("at least 1s"));
-        }
-        Ok(v)
     }
 }
 

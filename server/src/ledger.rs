@@ -61,7 +61,7 @@ const PROCESS_SAMPLE_REACH_US: i64 = 10_000_000;
 #[serde(deny_unknown_fields, default)]
 pub struct CostConfig {
     pub enabled: bool,
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(with = "apron_common::duration::at_least_1s")]
     pub interval: Duration,
     /// The price book (TOML). None: every hour's money is NULL (unpriced), seconds are
     /// still classified.
@@ -92,15 +92,6 @@ impl Default for CostConfig {
             windows_per_query: 250_000,
         }
     }
-}
-
-pub(crate) fn humantime_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    let v = humantime::parse_duration(&s).map_err(serde::de::Error::custom)?;
-    if v < Duration::from_secs(1) {
-        return Err(serde::de::Error::custom("at least 1s"));
-    }
-    Ok(v)
 }
 
 /// What one pass did.

@@ -44,9 +44,9 @@ use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, gpus_excluded_sql, mig_parent_uui
 pub struct RecommendSettings {
     pub enabled: bool,
     /// The window of the `recommendations` table.
-    #[serde(deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub window: Duration,
-    #[serde(deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub interval: Duration,
     /// A run reads the window this many GPUs at a time, so its memory follows this, not
     /// the fleet's size (the per-minute spread alone is GPUs × minutes groups).

@@ -55,11 +55,11 @@ pub struct ReportConfig {
     /// Attempts per delivery in one pass (1–10).
     pub tries: u32,
     /// The pause after the first failed attempt; doubles after each.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub retry_backoff: Duration,
     /// After a pass whose attempts all failed, the next pass tries again no sooner than
     /// this.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub retry_after: Duration,
     pub email: Option<EmailConfig>,
     pub webhook: Option<WebhookConfig>,
@@ -119,7 +119,7 @@ pub struct EmailConfig {
     /// `html`: the body (with a plain-text summary alternative); the others are attached.
     #[serde(default = "default_formats")]
     pub formats: Vec<ReportFormat>,
-    #[serde(default = "default_email_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_email_timeout", deserialize_with = "apron_common::duration::deserialize")]
     pub timeout: Duration,
 }
 
@@ -151,17 +151,12 @@ pub struct WebhookConfig {
     pub url: String,
     /// A bearer token (first line of the file), sent as `Authorization: Bearer …`.
     pub token_file: Option<PathBuf>,
-    #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_webhook_timeout", deserialize_with = "apron_common::duration::deserialize")]
     pub timeout: Duration,
 }
 
 fn default_webhook_timeout() -> Duration {
     Duration::from_secs(10)
-}
-
-fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 fn invalid(key: &str, value: impl Into<String>, expected: impl Into<String>) -> ConfigError {

@@ -27,9 +27,9 @@ use serde::Deserialize;
 pub struct ScrapeTarget {
     /// e.g. `http://node-3:9400/metrics` (dcgm-exporter's default port).
     pub url: String,
-    #[serde(default = "default_interval", deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(default = "default_interval", deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub interval: Duration,
-    #[serde(default = "default_timeout", deserialize_with = "crate::ledger::humantime_duration")]
+    #[serde(default = "default_timeout", deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub timeout: Duration,
     /// Cluster name of the scraped GPUs.
     pub cluster: Option<String>,

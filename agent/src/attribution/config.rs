@@ -22,7 +22,7 @@ pub struct AttributionConfig {
     /// The kubelet pod-resources socket; a missing socket means no Kubernetes on this node.
     pub pod_resources_socket: PathBuf,
     /// Limit on one pod-resources `List()` call, connection included (humantime: `10s`).
-    #[serde(with = "humantime_duration")]
+    #[serde(with = "apron_common::duration")]
     pub pod_resources_timeout: Duration,
     /// `[attribution.kubernetes]`: pod labels from the API server.
     pub kubernetes: KubernetesConfig,
@@ -50,10 +50,10 @@ pub struct KubernetesConfig {
     /// binary reads it, else the agent's host name.
     pub node_name: Option<String>,
     /// Interval between full lists of the node's pods (humantime).
-    #[serde(with = "humantime_duration")]
+    #[serde(with = "apron_common::duration")]
     pub refresh: Duration,
     /// Limit on one list request, connection included.
-    #[serde(with = "humantime_duration")]
+    #[serde(with = "apron_common::duration")]
     pub request_timeout: Duration,
     /// Annotations copied into `pod_labels` (labels win on a key collision): exact keys,
     /// or prefixes ending in `/` (every annotation of that prefix).
@@ -101,18 +101,6 @@ impl Default for AttributionConfig {
             pod_resources_timeout: Duration::from_secs(10),
             kubernetes: KubernetesConfig::default(),
         }
-    }
-}
-
-/// `#[serde(with)]` adapter: a humantime string (`500ms`, `10s`) as a [`Duration`].
-pub(crate) mod humantime_duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, de::Error as _};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text).map_err(|e| D::Error::custom(format!("invalid duration {text:?}: {e}")))
     }
 }
 

@@ -34,7 +34,7 @@ pub struct SimConfig {
     /// fleet; `None` for the built-in layout that covers every scenario on two nodes.
     pub scenarios: Option<Vec<Scenario>>,
     /// When the `fell-off-the-bus` GPUs fall off after the source starts (humantime).
-    #[serde(deserialize_with = "humantime_duration")]
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub lost_gpu_after: Duration,
 }
 
@@ -103,11 +103,6 @@ impl SimConfig {
         let list: &[Scenario] = self.scenarios.as_deref().unwrap_or(&Scenario::DEFAULT_LAYOUT);
         list.get(i % list.len().max(1)).copied().unwrap_or(Scenario::UnallocatedIdle)
     }
-}
-
-fn humantime_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))
 }
 
 #[cfg(test)]
