@@ -583,7 +583,7 @@ impl Inner {
                 });
             }
             let mut statement = statements.remove(0);
-            pgcompat::aggregate_catalog_subqueries(&mut statement);
+            pgcompat::rewrite_catalog_statement(&mut statement);
             DfStatement::Statement(Box::new(statement))
         } else {
             let dialect = state.config().options().sql_parser.dialect;

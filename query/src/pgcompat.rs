@@ -114,6 +114,11 @@ pub fn setup(ctx: &SessionContext, catalog: &str) -> Result<Arc<PgCatalogStaticT
         row: current_setting,
     }));
     ctx.register_udf(ScalarUDF::new_from_impl(TextFunction {
+        name: PG_TYPE_NAME_FUNCTION,
+        signature: Signature::exact(vec![DataType::Utf8], Volatility::Immutable),
+        row: |args| Ok(args.first().filter(|a| !a.is_null()).map(|a| pg_type_name(&text_of(a)))),
+    }));
+    ctx.register_udf(ScalarUDF::new_from_impl(TextFunction {
         name: "json_build_object",
         signature: Signature::variadic_any(Volatility::Immutable),
         row: json_build_object,
@@ -192,6 +197,61 @@ fn current_setting(args: &[ScalarValue]) -> Result<Option<String>> {
         Some(value) => Ok(Some(value.to_owned())),
         None if missing_ok => Ok(None),
         None => Err(DataFusionError::Execution(format!("unrecognized configuration parameter \"{name}\""))),
+    }
+}
+
+/// The function [`rewrite_catalog_statement`] reads `information_schema.columns`'
+/// `data_type` through.
+const PG_TYPE_NAME_FUNCTION: &str = "apron_pg_type_name";
+
+/// PostgreSQL's `information_schema` name of an Arrow type, given as DataFusion writes
+/// it (`Utf8`, `Timestamp(µs, "UTC")`); a type PostgreSQL has no name for keeps its
+/// Arrow name.
+fn pg_type_name(arrow: &str) -> String {
+    let Ok(data_type) = arrow.parse::<DataType>() else {
+        return arrow.to_owned();
+    };
+    let value_type = match &data_type {
+        DataType::Dictionary(_, value) => value.as_ref(),
+        other => other,
+    };
+    match value_type {
+        DataType::Boolean => "boolean",
+        DataType::Int8 | DataType::Int16 | DataType::UInt8 => "smallint",
+        DataType::Int32 | DataType::UInt16 => "integer",
+        DataType::Int64 | DataType::UInt32 | DataType::UInt64 => "bigint",
+        DataType::Float16 | DataType::Float32 => "real",
+        DataType::Float64 => "double precision",
+        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
+            "numeric"
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "text",
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView | DataType::FixedSizeBinary(_) => "bytea",
+        DataType::Date32 | DataType::Date64 => "date",
+        DataType::Timestamp(_, Some(_)) => "timestamp with time zone",
+        DataType::Timestamp(_, None) => "timestamp without time zone",
+        DataType::Time32(_) | DataType::Time64(_) => "time without time zone",
+        DataType::Interval(_) | DataType::Duration(_) => "interval",
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) | DataType::ListView(_) => "ARRAY",
+        _ => return arrow.to_owned(),
+    }
+    .to_owned()
+}
+
+/// `information_schema.columns` as a PostgreSQL client reads it: DataFusion's, with
+/// `data_type` in PostgreSQL's words (`text`, `timestamp with time zone`), which
+/// Grafana's query builder and schema browsers type their column pickers by.
+fn pg_information_schema_columns() -> Option<Box<datafusion::sql::sqlparser::ast::Query>> {
+    use datafusion::sql::sqlparser::{ast::Statement, dialect::PostgreSqlDialect, parser::Parser};
+    let sql = format!(
+        "SELECT table_catalog, table_schema, table_name, column_name, ordinal_position, column_default, \
+         is_nullable, {PG_TYPE_NAME_FUNCTION}(data_type) AS data_type, character_maximum_length, \
+         character_octet_length, numeric_precision, numeric_precision_radix, numeric_scale, \
+         datetime_precision, interval_type FROM information_schema.columns"
+    );
+    match Parser::parse_sql(&PostgreSqlDialect {}, &sql).ok()?.pop()? {
+        Statement::Query(query) => Some(query),
+        _ => None,
     }
 }
 
@@ -281,7 +341,12 @@ pub fn rewrite_client_sql(sql: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Makes the scalar subqueries of catalog queries plannable: DataFusion decorrelates a
+/// Rewrites a PostgreSQL client's parsed statement where its catalog questions need
+/// what DataFusion does not do: `information_schema.columns` is read through
+/// [`pg_information_schema_columns`] (PostgreSQL's type names), and catalog scalar
+/// subqueries are made plannable.
+///
+/// DataFusion decorrelates a
 /// correlated scalar subquery only when it is aggregated ("must be aggregated to return
 /// at most one row"), and schema browsers write them bare — SQLAlchemy's
 /// `inspect().get_columns()` asks for each column's default, identity and collation so.
@@ -294,7 +359,37 @@ pub fn rewrite_client_sql(sql: &str) -> Cow<'_, str> {
 /// where SQLAlchemy asks `pg_attrdef` and `pg_sequence`. Apron's tables have no column
 /// defaults and no sequences, so those catalogs are empty and any subquery over them
 /// alone is NULL: it is written so.
-pub fn aggregate_catalog_subqueries(statement: &mut datafusion::sql::sqlparser::ast::Statement) {
+pub fn rewrite_catalog_statement(statement: &mut datafusion::sql::sqlparser::ast::Statement) {
+    use datafusion::sql::sqlparser::ast::{Ident, TableAlias, TableFactor, VisitMut, VisitorMut};
+    struct Columns;
+    impl VisitorMut for Columns {
+        type Break = ();
+        // After the children, so the replacement's own `information_schema.columns` is
+        // not visited again.
+        fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> std::ops::ControlFlow<()> {
+            if let TableFactor::Table { name, alias, args: None, .. } = factor {
+                let parts: Vec<String> = name.0.iter().map(|p| p.to_string().to_ascii_lowercase()).collect();
+                if parts.len() >= 2
+                    && parts[parts.len() - 2..] == ["information_schema", "columns"]
+                    && let Some(subquery) = pg_information_schema_columns()
+                {
+                    let alias = alias.take().unwrap_or_else(|| TableAlias {
+                        explicit: true,
+                        name: Ident::new("columns"),
+                        columns: vec![],
+                        at: None,
+                    });
+                    *factor = TableFactor::Derived { lateral: false, subquery, alias: Some(alias), sample: None };
+                }
+            }
+            std::ops::ControlFlow::Continue(())
+        }
+    }
+    let _ = statement.visit(&mut Columns);
+    aggregate_catalog_subqueries(statement);
+}
+
+fn aggregate_catalog_subqueries(statement: &mut datafusion::sql::sqlparser::ast::Statement) {
     use datafusion::sql::sqlparser::ast::{
         Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, ObjectName,
         SelectItem, SetExpr, TableFactor, visit_expressions_mut,
@@ -545,7 +640,7 @@ mod tests {
     fn aggregated(sql: &str) -> String {
         use datafusion::sql::sqlparser::{dialect::PostgreSqlDialect, parser::Parser};
         let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).expect("parses");
-        aggregate_catalog_subqueries(&mut statements[0]);
+        rewrite_catalog_statement(&mut statements[0]);
         statements[0].to_string()
     }
 
@@ -572,6 +667,38 @@ mod tests {
             "SELECT (SELECT s.gpu_util FROM gpu_samples AS s WHERE s.gpu_uuid = c.gpu_uuid) FROM gpu_cost_hourly AS c",
         ] {
             assert_eq!(aggregated(sql), sql);
+        }
+    }
+
+    #[test]
+    fn information_schema_columns_reads_postgresql_type_names_under_its_alias() {
+        let sql =
+            aggregated("SELECT c.column_name, c.data_type FROM information_schema.columns c WHERE c.table_name = 't'");
+        assert!(
+            sql.starts_with("SELECT c.column_name, c.data_type FROM (SELECT table_catalog, ")
+                && sql.contains("apron_pg_type_name(data_type) AS data_type")
+                && sql.ends_with("FROM information_schema.columns) c WHERE c.table_name = 't'"),
+            "{sql}"
+        );
+        let sql = aggregated("SELECT data_type FROM datafusion.information_schema.columns");
+        assert!(sql.ends_with("FROM information_schema.columns) AS columns"), "{sql}");
+        // Other information_schema tables, and a table of ours called columns: unchanged.
+        for sql in ["SELECT table_name FROM information_schema.tables", "SELECT * FROM columns"] {
+            assert_eq!(aggregated(sql), sql);
+        }
+        for (arrow, pg) in [
+            ("Utf8", "text"),
+            ("Dictionary(Int32, Utf8)", "text"),
+            ("Float64", "double precision"),
+            ("Int32", "integer"),
+            ("Int64", "bigint"),
+            ("Boolean", "boolean"),
+            ("Decimal128(5, 4)", "numeric"),
+            (r#"Timestamp(µs, "UTC")"#, "timestamp with time zone"),
+            ("Timestamp(ns)", "timestamp without time zone"),
+            ("not a type", "not a type"),
+        ] {
+            assert_eq!(pg_type_name(arrow), pg, "{arrow}");
         }
     }
 

@@ -1255,7 +1255,10 @@ fn resource_exploding_cross_join_is_cut_off() {
         expect_each(addr, &[VIEWER], q, "1e6 × 1e6 cross join", |s| client_error(s) || s == 504, p);
         let q = "SELECT count(DISTINCT a.value * 10000000 + b.value) FROM generate_series(1, 100000) a \
                  CROSS JOIN generate_series(1, 100000) b";
-        expect_each(addr, &[VISION], q, "distinct over a cross join", |s| client_error(s) || s == 504, p);
+        // Cut off by whichever limit it reaches first: the 3 s timeout (504) or the
+        // 256 MiB memory limit (507) — a race that depends on the machine's speed.
+        let cut_off = |s| client_error(s) || s == 504 || s == 507;
+        expect_each(addr, &[VISION], q, "distinct over a cross join", cut_off, p);
     });
 }
 

@@ -128,6 +128,11 @@ async fn psql_python_drivers_grafana_and_jdbc_browse_and_query_within_their_scop
         let names: Vec<&str> = columns.iter().filter_map(|c| c[0].as_str()).collect();
         assert_eq!(names.len(), d.len(), "the column picker lists \\d's columns: {names:?}");
         assert!(names.starts_with(&["time", "window_s", "cluster", "host", "gpu_uuid"]), "{names:?}");
+        // Typed in PostgreSQL's words, as Grafana's query builder reads them.
+        for typed in [json!(["time", "timestamp with time zone"]), json!(["window_s", "double precision"])] {
+            assert!(columns.contains(&typed), "{typed}: {columns:?}");
+        }
+        assert!(columns.contains(&json!(["gpu_uuid", "text"])) && columns.contains(&json!(["gpu_util", "numeric"])));
 
         // JDBC: the schema browser, and what Metabase and DBeaver send on connect.
         let jdbc = &who["jdbc"];
