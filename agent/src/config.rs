@@ -147,44 +147,8 @@ pub struct ShipperSection {
     pub ca_file: Option<PathBuf>,
 }
 
-/// A size in bytes: a TOML integer, or a string with a unit (`"512MiB"`, `"64 KiB"`,
-/// `"2GB"`; binary units are powers of 1024, decimal ones powers of 1000).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ByteSize {
-    Bytes(i64),
-    Text(String),
-}
-
-impl ByteSize {
-    fn text(&self) -> String {
-        match self {
-            ByteSize::Bytes(n) => n.to_string(),
-            ByteSize::Text(t) => t.clone(),
-        }
-    }
-}
-
-/// Parses a size such as `512MiB`; `None` when it is not one.
-pub fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KB" | "kB" => 1000,
-        "KiB" => 1 << 10,
-        "MB" => 1000 * 1000,
-        "MiB" => 1 << 20,
-        "GB" => 1000 * 1000 * 1000,
-        "GiB" => 1 << 30,
-        "TB" => 1000 * 1000 * 1000 * 1000,
-        "TiB" => 1 << 40,
-        _ => return None,
-    };
-    n.checked_mul(mult)
-}
+/// Sizes in the agent's config ([`apron_common::size`], shared with the server's).
+pub use apron_common::size::{ByteSize, parse_bytes};
 
 /// Shipping settings, validated. `Debug` leaves the token out.
 #[derive(Clone)]
@@ -297,22 +261,16 @@ impl ShipperSection {
         )?;
         let spool_max_bytes = match &self.spool_max_bytes {
             None => DEFAULT_SPOOL_MAX_BYTES,
-            Some(v) => {
-                let n = match v {
-                    ByteSize::Bytes(n) => u64::try_from(*n).ok(),
-                    ByteSize::Text(t) => parse_bytes(t),
-                };
-                match n {
-                    Some(n) if (SPOOL_MIN_BYTES..=SPOOL_MAX_BYTES).contains(&n) => n,
-                    _ => {
-                        return Err(invalid(
-                            "shipper.spool_max_bytes",
-                            v.text(),
-                            "a size between 1KiB and 16TiB: a number of bytes or a string such as \"512MiB\" (KiB, MiB, GiB, TiB; KB, MB, GB, TB)",
-                        ));
-                    }
+            Some(v) => match v.bytes() {
+                Some(n) if (SPOOL_MIN_BYTES..=SPOOL_MAX_BYTES).contains(&n) => n,
+                _ => {
+                    return Err(invalid(
+                        "shipper.spool_max_bytes",
+                        v.text(),
+                        "a size between 1KiB and 16TiB: a number of bytes or a string such as \"512MiB\" (KiB, MiB, GiB, TiB; KB, MB, GB, TB)",
+                    ));
                 }
-            }
+            },
         };
         let max_batch_rows = match self.max_batch_rows {
             None => DEFAULT_MAX_BATCH_ROWS,
@@ -789,16 +747,6 @@ mod tests {
             .expect_err("unknown")
             .to_string();
         assert!(msg.contains("ciphers"), "{msg}");
-    }
-
-    #[test]
-    fn byte_sizes() {
-        assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
-        assert_eq!(parse_bytes("1kB"), Some(1000));
-        assert_eq!(parse_bytes("7"), Some(7));
-        assert_eq!(parse_bytes("1.5GiB"), None);
-        assert_eq!(parse_bytes("MiB"), None);
-        assert_eq!(parse_bytes("99999999999TiB"), None, "overflow is an error");
     }
 
     #[test]

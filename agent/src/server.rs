@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-use apron_common::serve::ServeOptions;
+use apron_common::serve::{ServeOptions, json_error};
 
 use crate::config::HttpConfig;
 use crate::exposition::{self, Format, SharedState};
@@ -54,7 +54,7 @@ async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(accept);
     match exposition::render(&app.registry, format) {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
-        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed", ""),
+        Err(_) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "encoding the metrics failed"),
     }
 }
 
@@ -70,9 +70,4 @@ async fn healthz(State(app): State<App>) -> Response {
     });
     drop(st);
     (StatusCode::OK, axum::Json(body)).into_response()
-}
-
-/// The contract's error shape: `{"error": "...", "detail": "..."}`.
-fn error(status: StatusCode, error: &str, detail: &str) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": error, "detail": detail }))).into_response()
 }

@@ -51,9 +51,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), in UTC.
-pub use apron_common::civil_from_days;
-
 pub const MICROS_PER_DAY: i64 = 86_400_000_000;
 
 /// The UTC day (days since the epoch) a microsecond timestamp falls on.
@@ -65,10 +62,7 @@ pub fn day_of_micros(t: i64) -> i64 {
 pub use apron_common::parse_date as parse_day;
 
 /// `YYYY-MM-DD` of a day number.
-pub fn date_string(day: i64) -> String {
-    let (y, m, d) = civil_from_days(day);
-    format!("{y:04}-{m:02}-{d:02}")
-}
+pub use apron_common::date_string;
 
 #[cfg(test)]
 mod tests {

@@ -308,11 +308,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The contract's error body, `{"error": "...", "detail": "..."}`, for every route of the
-/// server (other routers use it too).
-pub fn json_error(status: StatusCode, error: &str, detail: &str) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": error, "detail": detail }))).into_response()
-}
+/// The contract's error body (one definition, in `apron_common::serve`).
+pub use apron_common::serve::json_error;
 
 // ───────────────────────────── ingest ─────────────────────────────
 

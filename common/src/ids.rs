@@ -191,6 +191,12 @@ pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// `YYYY-MM-DD` of a day count since 1970-01-01 (a partition name, a report day).
+pub fn date_string(day: i64) -> String {
+    let (y, m, d) = civil_from_days(day);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
 /// A `YYYY-MM-DD` date (a partition name, a report day) to days since 1970-01-01;
 /// `None` when it is malformed or not a real date (`2026-02-31`).
 pub fn parse_date(s: &str) -> Option<i64> {

@@ -27,6 +27,7 @@ pub mod field;
 pub mod ids;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod size;
 #[cfg(feature = "serve")]
 pub mod tls;
 #[cfg(feature = "serve")]
@@ -37,5 +38,7 @@ pub mod wire;
 
 pub use chain::error_chain;
 pub use field::{Aggregation, Field, FieldKind};
-pub use ids::{ClusterName, GpuUuid, HostName, TeamName, UnixMicros, civil_from_days, days_from_civil, parse_date};
+pub use ids::{
+    ClusterName, GpuUuid, HostName, TeamName, UnixMicros, civil_from_days, date_string, days_from_civil, parse_date,
+};
 pub use window::{FieldStats, GpuHolder, GpuIdentity, GpuWindow, HolderKind, ProcessRow};

@@ -26,6 +26,7 @@
 //!   connections are closed, requests in flight finish (their connections close after
 //!   the response) for up to [`ServeOptions::drain_timeout`], and whatever is still open
 //!   then is dropped.
+//! - [`json_error`]: the contract's error body, the one every listener answers with.
 //! - Every request carries the peer address as an
 //!   [`axum::extract::ConnectInfo<SocketAddr>`] extension.
 //!
@@ -456,6 +457,13 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
         }
         tracing::info!("shutdown signal received");
     }
+}
+
+/// The contract's error body, `{"error": "<stable name>", "detail": "<what to do>"}`,
+/// for every route of every Apron listener.
+pub fn json_error(status: axum::http::StatusCode, error: &str, detail: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (status, axum::Json(serde_json::json!({ "error": error, "detail": detail }))).into_response()
 }
 
 #[cfg(test)]

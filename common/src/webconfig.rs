@@ -39,7 +39,7 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Deserialize;
 
 use crate::tls::{ClientAuth, PemSource, ServerTls, SettingNames, TlsError, TlsVersion};
@@ -609,15 +609,10 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 
 /// 401 with `WWW-Authenticate: Basic`, in Apron's error shape.
 fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Basic")],
-        axum::Json(serde_json::json!({
-            "error": "unauthorized",
-            "detail": "valid basic-auth credentials are required",
-        })),
-    )
-        .into_response()
+    let mut r =
+        crate::serve::json_error(StatusCode::UNAUTHORIZED, "unauthorized", "valid basic-auth credentials are required");
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Basic"));
+    r
 }
 
 /// A tower layer that answers 401 unless the request carries valid basic-auth

@@ -496,21 +496,8 @@ fn csv_field<W: Write>(v: &[u8], text: bool, w: &mut W) -> std::io::Result<()> {
     w.write_all(b"\"")
 }
 
-/// Howard Hinnant's `civil_from_days`.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 fn date(days: i64, out: &mut Vec<u8>) {
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = apron_common::civil_from_days(days);
     let _ = write!(out, "{y:04}-{m:02}-{d:02}");
 }
 

@@ -204,13 +204,7 @@ pub struct IngestSection {
     pub max_requests_per_agent: Option<i64>,
 }
 
-/// A size: a TOML integer (bytes) or a string with a unit (`"64MiB"`, `"1GB"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ByteSize {
-    Bytes(i64),
-    Text(String),
-}
+pub use apron_common::size::ByteSize;
 
 /// Flag and environment overrides; `None` keeps the file's value.
 #[derive(Debug, Default, Clone)]
@@ -446,13 +440,10 @@ impl FileConfig {
 
 /// A size between 1 KiB and 4 GiB.
 fn parse_size(key: &str, v: &ByteSize) -> Result<usize, ConfigError> {
-    let (n, text) = match v {
-        ByteSize::Bytes(n) => (u64::try_from(*n).ok(), n.to_string()),
-        ByteSize::Text(t) => (apron_agent::config::parse_bytes(t), t.clone()),
-    };
-    n.filter(|n| (MAX_BODY_MIN..=MAX_BODY_MAX).contains(n)).and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
-        invalid(key, text, "a size between 1KiB and 4GiB: a number of bytes or a string such as \"64MiB\"")
-    })
+    let text = v.text();
+    v.bytes().filter(|n| (MAX_BODY_MIN..=MAX_BODY_MAX).contains(n)).and_then(|n| usize::try_from(n).ok()).ok_or_else(
+        || invalid(key, text, "a size between 1KiB and 4GiB: a number of bytes or a string such as \"64MiB\""),
+    )
 }
 
 /// A duration between 100 ms and 1 h.

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apron_collector::{Store, Table};
-use apron_common::{UnixMicros, civil_from_days};
+use apron_common::UnixMicros;
 use apron_query::QueryEngine;
 use apron_query::TableSource;
 use apron_query::rollup::{self, DayState, DayStatus, GpuSlice, Labels, Minutes, RawView, RollupState};
@@ -114,10 +114,7 @@ fn merge_pending(raw: &[apron_query::DataFile], day: i64, delay_us: i64, now_us:
 }
 
 /// `YYYY-MM-DD` of a day number.
-pub fn date_string(day: i64) -> String {
-    let (y, m, d) = civil_from_days(day);
-    format!("{y:04}-{m:02}-{d:02}")
-}
+pub use apron_common::date_string;
 
 /// Materializes `gpu_samples_1m` for finished days.
 #[derive(Debug)]
