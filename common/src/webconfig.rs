@@ -582,29 +582,15 @@ pub fn basic_credentials(headers: &HeaderMap) -> Option<(String, Vec<u8>)> {
     Some((user, decoded[colon + 1..].to_vec()))
 }
 
-/// Standard base64 with optional padding.
+/// Standard base64, padded or not (clients differ).
 fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let s = s.strip_suffix("==").or_else(|| s.strip_suffix('=')).unwrap_or(s);
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in s.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    STANDARD_ANY_PADDING.decode(s).ok()
 }
 
 /// 401 with `WWW-Authenticate: Basic`, in Apron's error shape.
@@ -678,20 +664,8 @@ mod tests {
     use crate::tls::tests::TestPki;
 
     fn b64(data: &[u8]) -> String {
-        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = String::new();
-        for chunk in data.chunks(3) {
-            let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(data)
     }
 
     #[test]
@@ -700,6 +674,7 @@ mod tests {
             assert_eq!(base64_decode(&b64(s.as_bytes())).as_deref(), Some(s.as_bytes()), "{s}");
         }
         assert_eq!(base64_decode("dXNlcjpwYXNz"), Some(b"user:pass".to_vec()));
+        assert_eq!(base64_decode("dXNlcjpwYXM"), Some(b"user:pas".to_vec()), "padding left off");
         assert_eq!(base64_decode("not base64!"), None);
     }
 
