@@ -8,12 +8,13 @@
 #![cfg(feature = "otlp")]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use apron_test_support::{http_get, poll};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{
@@ -153,41 +154,6 @@ mod receiver {
 
 use receiver::{Received, Receiver};
 
-fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A minimal HTTP/1.1 GET, enough for the agent's loopback `/metrics`.
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return body.to_owned();
-    }
-    let (mut out, mut rest) = (String::new(), body);
-    while let Some((len, tail)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || tail.len() < n {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
 struct Agent {
     child: Child,
     addr: SocketAddr,
@@ -251,7 +217,7 @@ unsafe extern "C" {
 /// `/metrics`.
 fn inventory(agent: &Agent) -> BTreeMap<String, (String, String, f64)> {
     let text = poll("framebuffer totals on /metrics", Duration::from_secs(30), || {
-        let t = http_get(agent.addr, "/metrics");
+        let t = http_get(agent.addr, "/metrics", None).1;
         (t.matches("apron_gpu_memory_total_bytes{").count() >= 16).then_some(t)
     });
     let label = |line: &str, name: &str| -> String {
@@ -469,7 +435,7 @@ fn an_unreachable_receiver_is_logged_once_and_sampling_goes_on() {
         agent.stderr().contains(&format!("OTLP export to http://{closed} failed")).then_some(())
     });
     // Several intervals later: still one warning, and /metrics still serves windows.
-    let windows = |a: &Agent| http_get(a.addr, "/metrics").matches("apron_gpu_util_ratio{").count();
+    let windows = |a: &Agent| http_get(a.addr, "/metrics", None).1.matches("apron_gpu_util_ratio{").count();
     poll("windows on /metrics", Duration::from_secs(30), || (windows(&agent) > 0).then_some(()));
     let stderr = agent.stop();
     assert_eq!(stderr.matches("failed: ").count(), 1, "one warning per run of failures:\n{stderr}");

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use apron_collector::{Store, StoreConfig, Table};
 use apron_common::wire::{encode_ipc, processes_to_batch, windows_to_batch};
 use apron_common::{Field, FieldStats, GpuIdentity, GpuUuid, GpuWindow, HostName, ProcessRow, UnixMicros};
+use apron_test_support::{KillOnDrop, dechunk, free_port, poll};
 use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMicrosecondType;
@@ -56,15 +57,24 @@ use serde_json::Value;
 const APRON: &str = env!("CARGO_BIN_EXE_apron");
 const TOKEN: &str = "test-ingest-token-0123456789abcdef";
 
-/// target/<profile>/apron-agent: built by `scripts/test.sh` (cargo test builds only this
-/// package's binaries).
+/// target/<profile>/apron-agent, built here when it is missing (`cargo test` builds only
+/// this package's binaries; scripts/test.sh builds the agent first), so that
+/// `cargo test -p apron` works on its own.
 fn agent_bin() -> PathBuf {
-    let p = Path::new(APRON).parent().expect("binary has a directory").join("apron-agent");
-    assert!(
-        p.exists(),
-        "{} is missing: build the agent first (`cargo build -p apron-agent`; scripts/test.sh does it)",
-        p.display()
-    );
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let dir = Path::new(APRON).parent().expect("binary has a directory");
+    let p = dir.join("apron-agent");
+    let _one_build = BUILD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !p.exists() {
+        let target = dir.parent().expect("target directory");
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args(["build", "--quiet", "-p", "apron-agent", "--bin", "apron-agent", "--target-dir"]).arg(target);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("cargo runs");
+        assert!(status.success() && p.exists(), "building {} failed ({status})", p.display());
+    }
     p
 }
 
@@ -76,34 +86,6 @@ unsafe extern "C" {
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc_kill(child.id() as i32, sig) };
-}
-
-fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A free loopback port (bound, then released for a child process to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// Kills and reaps child processes when dropped, so a failing test leaves none behind.
-struct KillOnDrop(Vec<Child>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 fn now_us() -> i64 {
@@ -123,19 +105,6 @@ impl Reply {
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
     }
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// One HTTP/1.1 request. The body is written on its own thread while the answer is read,

@@ -40,7 +40,7 @@ pub use config::{AttributionConfig, KubernetesConfig};
 pub use host::RealHost;
 #[cfg(feature = "kubernetes")]
 pub use podresources::PodResourcesError;
-#[cfg(feature = "kubernetes")]
+#[cfg(all(feature = "kubernetes", any(test, feature = "test-support")))]
 #[doc(hidden)]
 pub use podresources::fake_kubelet;
 pub use podresources::is_gpu_resource;

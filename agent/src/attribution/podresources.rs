@@ -148,9 +148,10 @@ mod client {
 }
 
 /// A kubelet stand-in for tests: serves `List()` from a fixed answer on a unix socket, on
-/// its own runtime in a background thread. Public (hidden) so that the end-to-end tests
-/// can run the real agent binary against it; nothing in the agent starts it.
-#[cfg(feature = "kubernetes")]
+/// its own runtime in a background thread. Public behind the `test-support` feature (the
+/// agent's own tests turn it on) so that the end-to-end tests can run the real agent
+/// binary against it; no build of the agent for use contains it.
+#[cfg(all(feature = "kubernetes", any(test, feature = "test-support")))]
 #[doc(hidden)]
 pub mod fake_kubelet {
     use std::path::{Path, PathBuf};

@@ -128,7 +128,7 @@ fn https_get(
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        super::dechunk(body)
+        apron_test_support::dechunk(body)
     } else {
         body.to_owned()
     };

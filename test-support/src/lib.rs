@@ -1,0 +1,105 @@
+//! What Apron's integration test binaries share (a dev-dependency only; nothing here
+//! ships): waiting with a deadline instead of sleeping a guessed time, free loopback
+//! ports for child processes, children that are killed when a test fails, a minimal
+//! blocking HTTP/1.1 GET for loopback endpoints, and the external tools
+//! `scripts/install-test-tools.sh` installs (a missing one fails the test: tests never
+//! skip).
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Calls `f` every 50 ms until it returns `Some`, and returns that; panics naming
+/// `what` after `timeout`.
+pub fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A free loopback port (bound, then released for a child process to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Kills and reaps child processes when dropped, so a failing test leaves none behind.
+#[derive(Debug, Default)]
+pub struct KillOnDrop(pub Vec<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The path of an external tool the tests talk to; panics, pointing at
+/// `scripts/install-test-tools.sh`, when it is not installed.
+pub fn tool(name: &str) -> PathBuf {
+    let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().expect("sh runs");
+    assert!(out.status.success(), "{name} is not installed: run scripts/install-test-tools.sh (tests never skip)");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A minimal HTTP/1.1 GET for loopback tests: the status and the (de-chunked) body;
+/// status 0 when no status line came back.
+pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n").expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
+    (status, body)
+}
+
+/// The payload of a `Transfer-Encoding: chunked` body (up to the last whole chunk).
+pub fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"), "hello world");
+        assert_eq!(dechunk("5\r\nhel"), "", "a cut chunk is left out");
+    }
+
+    #[test]
+    fn poll_returns_the_first_answer() {
+        let mut n = 0;
+        assert_eq!(
+            poll("three calls", Duration::from_secs(5), || {
+                n += 1;
+                (n == 3).then_some(n)
+            }),
+            3
+        );
+    }
+}
