@@ -20,7 +20,8 @@
 //!             acknowledged, no effect (clients send them on connect; nothing here is
 //!             transactional; BEGIN/COMMIT do move the transaction status clients track)
 //!    Query "SHOW <session parameter>" (transaction isolation level, server_version, …):
-//!             the fixed answer drivers expect
+//!             the fixed answer drivers expect (apron_query::pgcompat::SETTINGS, which
+//!             current_setting() answers from too)
 //!    extended protocol: Parse ─► the same size limit, then QueryEngine::describe_as
 //!             (parsed, checked and planned as a query would be, under the user's scope)
 //!             → parameter types and result columns for Describe; Bind stores the values;
@@ -28,7 +29,9 @@
 //!             path, checks, timeout and limits as a simple query; a row limit on
 //!             Execute sends that many and suspends the portal for the next
 //!    every query is read as a PostgreSQL client's (datafusion-pg-catalog's rewrites of
-//!             catalog operators and casts); `pg_catalog` and `information_schema`
+//!             catalog operators and casts, then apron_query::pgcompat's: Grafana's
+//!             search-path subquery, catalog scalar subqueries, PostgreSQL type names in
+//!             information_schema.columns); `pg_catalog` and `information_schema`
 //!             describe the user's own session (the same tables and columns for all)
 //!    errors ─► ErrorResponse with a SQLSTATE (25006 read-only, 42601 syntax, 57014
 //!             timeout, 53200 memory, 54000 too many rows, 53300 busy, …)
