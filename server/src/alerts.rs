@@ -49,8 +49,9 @@ use datafusion::arrow::datatypes::{
 };
 use serde::Deserialize;
 
-use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, mig_parent_uuids, owner_at, sql_str, strings, ts};
+use crate::ledger::Ledger;
 use crate::schedule::WebhookConfig;
+use crate::sqlutil::{OWNER_COLUMNS_SQL, mig_parent_uuids, owner_at, sql_str, strings, ts};
 
 /// `[alerts]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -255,7 +256,7 @@ impl Alerts {
     }
 
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
-        self.engine.execute_internal(sql).await.map(|r| r.batches).map_err(|e| format!("{e} (in: {sql})"))
+        crate::sqlutil::batches(&self.engine, sql).await.map_err(|e| e.to_string())
     }
 
     /// Evaluates as if the clock read `now_us` (the data's clock: tests replay history).
@@ -276,22 +277,30 @@ impl Alerts {
                 let read_from = c.read_to - OVERLAP_US;
                 // MIG parents: their activity is their instances'; the instances carry the
                 // alerts. A GPU already fed that turns out to be a parent: read it all again.
-                let new = mig_parent_uuids(&self.engine, &range_sql(read_from, now_us)).await?;
+                let new =
+                    mig_parent_uuids(&self.engine, &range_sql(read_from, now_us)).await.map_err(|e| e.to_string())?;
                 if new.iter().any(|p| !c.parents.contains(p) && c.tracker.last_end(p).is_some()) {
-                    (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await?)
+                    (
+                        None,
+                        from,
+                        mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await.map_err(|e| e.to_string())?,
+                    )
                 } else {
                     let parents = c.parents.iter().chain(&new).cloned().collect();
                     (Some(c), read_from, parents)
                 }
             }
-            None => (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await?),
+            None => {
+                (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await.map_err(|e| e.to_string())?)
+            }
         };
         let range = range_sql(read_from, now_us);
         let gpus = strings(
             &self.engine,
             &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid"),
         )
-        .await?;
+        .await
+        .map_err(|e| e.to_string())?;
         let procs = self
             .query(&format!("SELECT gpu_uuid, max(time) FROM gpu_processes WHERE {range} GROUP BY gpu_uuid"))
             .await?;

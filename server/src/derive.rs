@@ -331,7 +331,7 @@ impl Materializer {
                 )
             }
         };
-        let gpus = crate::ledger::strings(&self.engine, &gpus_sql).await?;
+        let gpus = crate::sqlutil::strings(&self.engine, &gpus_sql).await.map_err(|e| e.to_string())?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Part>(2);
         let (store, owned_date) = (self.store.clone(), date.to_owned());
         let writer = tokio::task::spawn_blocking(move || {

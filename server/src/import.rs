@@ -28,7 +28,7 @@ use apron_query::QueryEngine;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
 
-use crate::ledger::{sql_str, ts};
+use crate::sqlutil::{sql_str, ts};
 
 /// The agent id imported batches are stored under.
 pub const IMPORT_AGENT: &str = "import";
@@ -65,7 +65,7 @@ async fn covered(engine: &QueryEngine, gpu: &str, from: i64, to: i64) -> Result<
         // A window ending up to a day later may still reach back into the range.
         ts(to + 86_400_000_000)
     );
-    let batches = engine.execute_internal(&sql).await.map_err(|e| format!("{e} (in: {sql})"))?.batches;
+    let batches = crate::sqlutil::batches(engine, &sql).await.map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for b in &batches {
         let (t, w) =

@@ -45,6 +45,8 @@ use apron_common::UnixMicros;
 use apron_cost::team::AllocationFacts;
 use apron_cost::{ClassifyConfig, GpuKey, Holder, HolderId, PriceBook, TeamConfig, Window};
 use apron_query::{QueryEngine, TableSource};
+
+use crate::sqlutil::{OWNER_COLUMNS_SQL, Owner, SqlError, gpus_excluded_sql, owner_at, sql_str, strings, ts};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
@@ -155,53 +157,6 @@ pub struct Ledger {
     kick: tokio::sync::Notify,
 }
 
-/// One holder's facts as the windows carry them (the owner columns).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Owner {
-    pub(crate) kind: String,
-    pub(crate) owner: String,
-    pub(crate) namespace: Option<String>,
-    pub(crate) job_id: Option<String>,
-    pub(crate) user: Option<String>,
-    pub(crate) account: Option<String>,
-    pub(crate) partition: Option<String>,
-    pub(crate) qos: Option<String>,
-    pub(crate) labels: Option<String>,
-}
-
-/// The owner columns of `gpu_samples`, quoted (`partition` is an SQL keyword), in the
-/// order [`owner_at`] reads them.
-pub(crate) const OWNER_COLUMNS_SQL: &str = "\"owner_kind\", \"owner\", \"namespace\", \"job_id\", \"owner_user\", \"account\", \"partition\", \"qos\", \"pod_labels\"";
-
-/// The owner of row `r`, from the [`OWNER_COLUMNS_SQL`] columns starting at `first`;
-/// `None` when nobody holds the GPU (or the columns are not strings).
-pub(crate) fn owner_at(b: &RecordBatch, first: usize, r: usize) -> Option<Owner> {
-    let s = |i: usize| b.column(first + i).as_string_opt::<i32>();
-    let opt = |i: usize| s(i).filter(|c| !c.is_null(r)).map(|c| c.value(r).to_owned());
-    Some(Owner {
-        kind: opt(0)?,
-        owner: opt(1)?,
-        namespace: opt(2),
-        job_id: opt(3),
-        user: opt(4),
-        account: opt(5),
-        partition: opt(6),
-        qos: opt(7),
-        labels: opt(8),
-    })
-}
-
-impl Owner {
-    /// The labels as a map (the column holds a JSON object; non-string values are skipped).
-    pub(crate) fn label_map(&self) -> BTreeMap<String, String> {
-        self.labels
-            .as_deref()
-            .and_then(|l| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(l).ok())
-            .map(|m| m.into_iter().filter_map(|(k, v)| v.as_str().map(|s| (k, s.to_owned()))).collect())
-            .unwrap_or_default()
-    }
-}
-
 /// A resolved holder: its owner, team, kind, whether interruptible.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
@@ -266,16 +221,41 @@ struct Bounds {
 }
 
 /// How a day's computation failed.
+/// What a ledger pass (or building the ledger) can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("price book {}: {detail}", path.display())]
+    PriceBook { path: PathBuf, detail: String },
+    #[error("[cost.{section}]: {detail}")]
+    Config { section: &'static str, detail: String },
+    #[error(transparent)]
+    Sql(#[from] SqlError),
+    #[error("classifying {uuid}: {detail}")]
+    Classify { uuid: String, detail: String },
+    #[error("pricing {uuid}: {detail}")]
+    Price { uuid: String, detail: String },
+    #[error("building {what}: {source}")]
+    Arrow {
+        what: &'static str,
+        #[source]
+        source: datafusion::arrow::error::ArrowError,
+    },
+    #[error("storing {date}: {detail}")]
+    Store { date: String, detail: String },
+    #[error("saving the ledger state {}: {detail}", path.display())]
+    State { path: PathBuf, detail: String },
+}
+
 enum DayError {
     /// What changed cannot be applied to the stored rows (a GPU became a MIG parent):
     /// compute the day whole.
     NeedsFull,
-    Failed(String),
+    Failed(LedgerError),
 }
 
-impl From<String> for DayError {
-    fn from(e: String) -> DayError {
-        DayError::Failed(e)
+impl<E: Into<LedgerError>> From<E> for DayError {
+    fn from(e: E) -> DayError {
+        DayError::Failed(e.into())
     }
 }
 
@@ -287,57 +267,22 @@ const MEMO_DAYS: i64 = 2;
 /// reports a holder every window, so silence means the job is gone or the node is).
 const OPEN_RUN_STALE_US: i64 = 10 * 60_000_000;
 
-/// A SQL string literal.
-pub(crate) fn sql_str(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-/// A SQL timestamp literal (RFC 3339, UTC).
-pub(crate) fn ts(us: i64) -> String {
-    format!("TIMESTAMP '{}'", UnixMicros(us).to_rfc3339())
-}
-
-/// The first string column of `sql`'s rows, NULLs left out.
-pub(crate) async fn strings(engine: &QueryEngine, sql: &str) -> Result<Vec<String>, String> {
-    let result = engine.execute_internal(sql).await.map_err(|e| format!("{e} (in: {sql})"))?;
-    let mut out = Vec::new();
-    for b in &result.batches {
-        let col = b.column(0).as_string_opt::<i32>().ok_or_else(|| format!("not a string column (in: {sql})"))?;
-        out.extend(col.iter().flatten().map(str::to_owned));
-    }
-    Ok(out)
-}
-
-/// The MIG parents among the windows of `range`: their activity is their instances',
-/// so the evaluators leave them out. Asked first, as a short list, because DataFusion
-/// plans `gpu_uuid NOT IN (SELECT parent_gpu_uuid …)` as an anti join that holds every
-/// matching window of the outer scan in memory (measured: 1.38 M windows → +500 MiB).
-pub(crate) async fn mig_parent_uuids(engine: &QueryEngine, range: &str) -> Result<BTreeSet<String>, String> {
-    let sql = format!("SELECT DISTINCT parent_gpu_uuid FROM gpu_samples WHERE {range} AND parent_gpu_uuid IS NOT NULL");
-    Ok(strings(engine, &sql).await?.into_iter().collect())
-}
-
-/// ` AND gpu_uuid NOT IN ('…', …)` for `gpus`, or nothing when there are none.
-pub(crate) fn gpus_excluded_sql(gpus: &BTreeSet<String>) -> String {
-    if gpus.is_empty() {
-        return String::new();
-    }
-    let list: Vec<String> = gpus.iter().map(|g| sql_str(g)).collect();
-    format!(" AND gpu_uuid NOT IN ({})", list.join(", "))
-}
-
 impl Ledger {
     /// Loads the price book (a bad one is an error: costs would be wrong).
-    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, config: CostConfig) -> Result<Ledger, String> {
+    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, config: CostConfig) -> Result<Ledger, LedgerError> {
         let book = match &config.price_book {
             None => None,
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| format!("price book {}: {e}", p.display()))?;
-                Some(PriceBook::from_toml(&text).map_err(|e| format!("price book {}: {e}", p.display()))?)
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| LedgerError::PriceBook { path: p.clone(), detail: e.to_string() })?;
+                Some(
+                    PriceBook::from_toml(&text)
+                        .map_err(|e| LedgerError::PriceBook { path: p.clone(), detail: e.to_string() })?,
+                )
             }
         };
-        config.classify.validate().map_err(|e| format!("[cost.classify]: {e}"))?;
-        config.teams.validate().map_err(|e| format!("[cost.teams]: {e}"))?;
+        config.classify.validate().map_err(|e| LedgerError::Config { section: "classify", detail: e.to_string() })?;
+        config.teams.validate().map_err(|e| LedgerError::Config { section: "teams", detail: e.to_string() })?;
         let feed = store.subscribe_changes();
         Ok(Ledger {
             store,
@@ -507,7 +452,7 @@ impl Ledger {
         }
         state.days.retain(|d, _| *d >= oldest);
         if let Err(e) = save_state(&path, &state) {
-            report.errors.push(e);
+            report.errors.push(e.to_string());
         }
         report
     }
@@ -543,8 +488,8 @@ impl Ledger {
         Plan::From(Incremental { from_us: from_us.min(to_us), unseen_from_us: unseen })
     }
 
-    async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
-        self.engine.execute_internal(sql).await.map(|r| r.batches).map_err(|e| format!("{e} (in: {sql})"))
+    async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, LedgerError> {
+        Ok(crate::sqlutil::batches(&self.engine, sql).await?)
     }
 
     /// Recomputes day `day`'s partitions of `gpu_cost_hourly` and `allocations` as
@@ -665,14 +610,18 @@ impl Ledger {
     }
 
     /// Replaces the `date` partition of each table, in order, off the async runtime.
-    async fn store_partitions(&self, date: String, parts: Vec<(Table, Vec<RecordBatch>)>) -> Result<(), String> {
+    async fn store_partitions(&self, date: String, parts: Vec<(Table, Vec<RecordBatch>)>) -> Result<(), LedgerError> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            parts.iter().try_for_each(|(table, batches)| store.replace_partition(*table, &date, batches).map(drop))
+        let day = date.clone();
+        let stored = tokio::task::spawn_blocking(move || {
+            parts.iter().try_for_each(|(table, batches)| store.replace_partition(*table, &day, batches).map(drop))
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("storing: {e}"))
+        .await;
+        match stored {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(LedgerError::Store { date, detail: e.to_string() }),
+            Err(e) => Err(LedgerError::Store { date, detail: e.to_string() }),
+        }
     }
 
     /// The stored `gpu_cost_hourly` rows of the day's hours before `before_us`, except
@@ -682,7 +631,7 @@ impl Ledger {
         day_start: i64,
         before_us: i64,
         skip: &BTreeSet<String>,
-    ) -> Result<Vec<RecordBatch>, String> {
+    ) -> Result<Vec<RecordBatch>, LedgerError> {
         let schema = Table::GpuCostHourly.schema();
         let cols: Vec<String> = schema.fields().iter().map(|f| format!("\"{}\"", f.name())).collect();
         let sql = format!(
@@ -700,7 +649,7 @@ impl Ledger {
         &self,
         day_start: i64,
         day_end: i64,
-    ) -> Result<BTreeMap<String, Vec<AllocRow>>, String> {
+    ) -> Result<BTreeMap<String, Vec<AllocRow>>, LedgerError> {
         let schema = Table::Allocations.schema();
         let cols: Vec<String> = schema.fields().iter().map(|f| format!("\"{}\"", f.name())).collect();
         let sql = format!(
@@ -721,7 +670,13 @@ impl Ledger {
 
     /// One GPU's windows in `(lo, hi]` with their holders resolved; its metadata is
     /// `known` (the first window of the day's range) or the first window read.
-    async fn gpu_windows(&self, uuid: &str, lo: i64, hi: i64, known: Option<&GpuMeta>) -> Result<GpuWindows, String> {
+    async fn gpu_windows(
+        &self,
+        uuid: &str,
+        lo: i64,
+        hi: i64,
+        known: Option<&GpuMeta>,
+    ) -> Result<GpuWindows, LedgerError> {
         let metas: BTreeMap<String, GpuMeta> = known.map(|m| (uuid.to_owned(), m.clone())).into_iter().collect();
         let mut out = self.gpu_windows_slice(&[uuid.to_owned()], lo, hi, &metas).await?;
         Ok(out.pop().map_or_else(
@@ -739,7 +694,7 @@ impl Ledger {
         lo: i64,
         hi: i64,
         known: &BTreeMap<String, GpuMeta>,
-    ) -> Result<Vec<(String, GpuWindows)>, String> {
+    ) -> Result<Vec<(String, GpuWindows)>, LedgerError> {
         let range = range_sql(lo, hi);
         let list: Vec<String> = uuids.iter().map(|u| sql_str(u)).collect();
         let batches = self
@@ -783,7 +738,7 @@ impl Ledger {
         lo: i64,
         hi: i64,
         known: Option<&GpuMeta>,
-    ) -> Result<GpuWindows, String> {
+    ) -> Result<GpuWindows, LedgerError> {
         let mut g = GpuWindows { meta: known.cloned().unwrap_or_default(), windows: Vec::new(), holders: Vec::new() };
         let mut index: BTreeMap<Owner, HolderId> = BTreeMap::new();
         for b in batches {
@@ -847,7 +802,7 @@ impl Ledger {
         range: &str,
         g: &mut GpuWindows,
         index: &mut BTreeMap<Owner, HolderId>,
-    ) -> Result<(), String> {
+    ) -> Result<(), LedgerError> {
         let users = &self.config.teams.users;
         if users.is_empty() || g.windows.iter().all(|w| w.holder.is_some()) {
             return Ok(());
@@ -905,7 +860,10 @@ impl Ledger {
     }
 
     /// MIG parents in `range` and their instances (uuid, profile).
-    async fn mig_instances(&self, range: &str) -> Result<BTreeMap<String, BTreeSet<(String, Option<String>)>>, String> {
+    async fn mig_instances(
+        &self,
+        range: &str,
+    ) -> Result<BTreeMap<String, BTreeSet<(String, Option<String>)>>, LedgerError> {
         let batches = self
             .query(&format!(
                 "SELECT DISTINCT parent_gpu_uuid, gpu_uuid, mig_profile FROM gpu_samples \
@@ -940,7 +898,7 @@ impl Ledger {
         from: i64,
         to: i64,
         out: &mut CostRows,
-    ) -> Result<(), String> {
+    ) -> Result<(), LedgerError> {
         let used: u32 = memo.parents.get(parent).map_or(0, |set| {
             set.iter()
                 .map(|(_, p)| u32::from(p.as_deref().and_then(apron_cost::pricebook::mig_slices).unwrap_or(0)))
@@ -1009,20 +967,20 @@ impl Ledger {
         }
     }
 
-    fn cost_rows(&self, uuid: &str, g: &GpuWindows, from: i64, to: i64, out: &mut CostRows) -> Result<(), String> {
+    fn cost_rows(&self, uuid: &str, g: &GpuWindows, from: i64, to: i64, out: &mut CostRows) -> Result<(), LedgerError> {
         if to <= from {
             return Ok(());
         }
         let holders: Vec<Holder> =
             g.holders.iter().map(|h| Holder { team: h.team.clone(), workload_kind: h.workload_kind.clone() }).collect();
         let classified = apron_cost::classify(&g.windows, &holders, &self.config.classify, from, to)
-            .map_err(|e| format!("classifying {uuid}: {e}"))?;
+            .map_err(|e| LedgerError::Classify { uuid: uuid.to_owned(), detail: e.to_string() })?;
         let m = &g.meta;
         let key = GpuKey { model_name: &m.model, mig_profile: m.mig_profile.as_deref(), cluster: m.cluster.as_deref() };
         match &self.book {
             Some(book) => {
-                for row in
-                    apron_cost::hourly_cost(&classified, book, &key).map_err(|e| format!("pricing {uuid}: {e}"))?
+                for row in apron_cost::hourly_cost(&classified, book, &key)
+                    .map_err(|e| LedgerError::Price { uuid: uuid.to_owned(), detail: e.to_string() })?
                 {
                     out.push(row.hour_us, g, uuid, &row.team, &row.micros, row.money.as_ref());
                 }
@@ -1055,7 +1013,7 @@ impl Ledger {
         unseen: Option<i64>,
         mut kept: Vec<AllocRow>,
         out: &mut AllocRows,
-    ) -> Result<(), String> {
+    ) -> Result<(), LedgerError> {
         let w = &g.windows;
         let cut = w.first().map_or(i64::MAX, |x| x.end_us - x.window_us);
         // A stored run that starts with the first window read is found again below.
@@ -1110,7 +1068,7 @@ impl Ledger {
         last: i64,
         hi: i64,
         now_us: i64,
-    ) -> Result<(Option<i64>, i64), String> {
+    ) -> Result<(Option<i64>, i64), LedgerError> {
         if hi < now_us {
             return self.run_end(uuid, kind, owner, hi, last, now_us).await;
         }
@@ -1119,7 +1077,7 @@ impl Ledger {
 
     /// The end of the newest window of `r`'s holder before `before` (an open stored run
     /// that later windows closed; its `held_through` may have been a bound, not a window).
-    async fn last_window_of(&self, uuid: &str, r: &AllocRow, before: i64) -> Result<i64, String> {
+    async fn last_window_of(&self, uuid: &str, r: &AllocRow, before: i64) -> Result<i64, LedgerError> {
         let sql = format!(
             "SELECT max(time) FROM gpu_samples WHERE gpu_uuid = {} AND time >= {} AND time <= {} \
              AND owner_kind = {} AND owner = {}",
@@ -1147,7 +1105,7 @@ impl Ledger {
         after: i64,
         last: i64,
         now_us: i64,
-    ) -> Result<(Option<i64>, i64), String> {
+    ) -> Result<(Option<i64>, i64), LedgerError> {
         let same = format!("owner_kind = {} AND owner = {}", sql_str(kind), sql_str(owner));
         let base = format!("gpu_uuid = {} AND time > {}", sql_str(uuid), ts(after));
         let next = self
@@ -1176,14 +1134,15 @@ fn range_sql(lo: i64, hi: i64) -> String {
 }
 
 /// `b`'s columns cast to `schema`'s types (the engine may hand strings back as views).
-fn conform(b: &RecordBatch, schema: &datafusion::arrow::datatypes::SchemaRef) -> Result<RecordBatch, String> {
+fn conform(b: &RecordBatch, schema: &datafusion::arrow::datatypes::SchemaRef) -> Result<RecordBatch, LedgerError> {
     let cols = b
         .columns()
         .iter()
         .zip(schema.fields())
-        .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()).map_err(|e| e.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
+        .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| LedgerError::Arrow { what: "a partition's columns", source })?;
+    RecordBatch::try_new(schema.clone(), cols).map_err(|source| LedgerError::Arrow { what: "a partition", source })
 }
 
 fn first_ts(batches: &[RecordBatch]) -> Option<i64> {
@@ -1192,12 +1151,13 @@ fn first_ts(batches: &[RecordBatch]) -> Option<i64> {
     (b.num_rows() > 0 && !c.is_null(0)).then(|| c.value(0))
 }
 
-fn save_state(path: &std::path::Path, state: &LedgerState) -> Result<(), String> {
-    let bytes = serde_json::to_vec(state).map_err(|e| e.to_string())?;
+fn save_state(path: &std::path::Path, state: &LedgerState) -> Result<(), LedgerError> {
+    let failed = |detail: String| LedgerError::State { path: path.to_owned(), detail };
+    let bytes = serde_json::to_vec(state).map_err(|e| failed(e.to_string()))?;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
     }
-    apron_collector::write_atomic(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+    apron_collector::write_atomic(path, &bytes).map_err(|e| failed(e.to_string()))
 }
 
 /// `gpu_cost_hourly` rows being built, in its wire schema.
@@ -1245,11 +1205,13 @@ impl CostRows {
         }
     }
 
-    fn finish(self) -> Result<RecordBatch, String> {
+    fn finish(self) -> Result<RecordBatch, LedgerError> {
         let schema = Table::GpuCostHourly.schema();
-        let dec = |v: Vec<Option<i128>>| -> Result<ArrayRef, String> {
+        let dec = |v: Vec<Option<i128>>| -> Result<ArrayRef, LedgerError> {
             Ok(std::sync::Arc::new(
-                Decimal128Array::from(v).with_precision_and_scale(18, 6).map_err(|e| e.to_string())?,
+                Decimal128Array::from(v)
+                    .with_precision_and_scale(18, 6)
+                    .map_err(|source| LedgerError::Arrow { what: "money", source })?,
             ))
         };
         let mut cols: Vec<ArrayRef> = vec![
@@ -1266,7 +1228,7 @@ impl CostRows {
         for m in self.money {
             cols.push(dec(m)?);
         }
-        RecordBatch::try_new(schema, cols).map_err(|e| e.to_string())
+        RecordBatch::try_new(schema, cols).map_err(|source| LedgerError::Arrow { what: "gpu_cost_hourly rows", source })
     }
 }
 
@@ -1362,7 +1324,7 @@ impl AllocRows {
         self.rows.len()
     }
 
-    fn finish(self) -> Result<RecordBatch, String> {
+    fn finish(self) -> Result<RecordBatch, LedgerError> {
         let t = |v: Vec<Option<i64>>| std::sync::Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"));
         let col = |f: &dyn Fn(&AllocRow) -> Option<String>| -> ArrayRef {
             std::sync::Arc::new(StringArray::from(self.rows.iter().map(f).collect::<Vec<_>>()))
@@ -1381,7 +1343,8 @@ impl AllocRows {
             col(&|r| r.cluster.clone()),
             t(self.rows.iter().map(|r| Some(r.held_through)).collect()),
         ];
-        RecordBatch::try_new(Table::Allocations.schema(), cols).map_err(|e| e.to_string())
+        RecordBatch::try_new(Table::Allocations.schema(), cols)
+            .map_err(|source| LedgerError::Arrow { what: "allocations rows", source })
     }
 }
 
@@ -1466,7 +1429,7 @@ impl prometheus_client::collector::Collector for CostMetrics {
 
 impl Ledger {
     /// Refreshes `metrics` from the stored `gpu_cost_hourly`.
-    pub async fn refresh_metrics(&self, metrics: &CostMetrics) -> Result<(), String> {
+    pub async fn refresh_metrics(&self, metrics: &CostMetrics) -> Result<(), LedgerError> {
         let cols = STATES.map(|s| format!("CAST(sum({s}_s) AS DOUBLE)")).join(", ");
         let sql = format!(
             // The difference in exact decimals, then one conversion to a float.

@@ -42,6 +42,7 @@ pub mod report;
 pub mod schedule;
 pub mod scrape;
 pub mod sql;
+mod sqlutil;
 pub mod telemetry;
 pub mod ui;
 pub mod up;
@@ -253,7 +254,8 @@ impl Server {
             self.ledger = None;
             return Ok(self);
         }
-        let l = ledger::Ledger::new(self.store.clone(), self.engine.clone(), cost).map_err(ServerError::Cost)?;
+        let l = ledger::Ledger::new(self.store.clone(), self.engine.clone(), cost)
+            .map_err(|e| ServerError::Cost(e.to_string()))?;
         self.ledger = Some(Arc::new(l));
         self.reports = self.reports_router();
         Ok(self)

@@ -54,7 +54,7 @@ use prost::Message;
 use tokio::sync::Mutex;
 
 use crate::access::Access;
-use crate::ledger::{sql_str, ts};
+use crate::sqlutil::{sql_str, ts};
 
 /// The agent id remote-written batches are stored under.
 pub const REMOTE_WRITE_AGENT: &str = "remote-write";

@@ -36,7 +36,8 @@ use datafusion::arrow::datatypes::{
 };
 use serde::Deserialize;
 
-use crate::ledger::{Ledger, OWNER_COLUMNS_SQL, gpus_excluded_sql, mig_parent_uuids, owner_at, sql_str, strings, ts};
+use crate::ledger::Ledger;
+use crate::sqlutil::{OWNER_COLUMNS_SQL, gpus_excluded_sql, mig_parent_uuids, owner_at, sql_str, strings, ts};
 
 /// `[recommend]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -122,7 +123,7 @@ impl Recommender {
     }
 
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
-        self.engine.execute_internal(sql).await.map(|r| r.batches).map_err(|e| format!("{e} (in: {sql})"))
+        crate::sqlutil::batches(&self.engine, sql).await.map_err(|e| e.to_string())
     }
 
     /// The filter every query of a run shares: held windows of the range, no lost ones,
@@ -143,13 +144,14 @@ impl Recommender {
         let covered_us = self.covered(from_us, to_us).await?.unwrap_or(window_us);
         let idle = self.ledger.idle_sql();
         let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
-        let parents = mig_parent_uuids(&self.engine, &range).await?;
+        let parents = mig_parent_uuids(&self.engine, &range).await.map_err(|e| e.to_string())?;
         let filter = Self::base_filter(&range, &parents);
         let gpus = strings(
             &self.engine,
             &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {filter} ORDER BY gpu_uuid"),
         )
-        .await?;
+        .await
+        .map_err(|e| e.to_string())?;
         let known = "(sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL)";
         let per_gpu_sql = |slice: &str| {
             format!(
@@ -192,7 +194,7 @@ impl Recommender {
             let s = |i: usize| b.column(i).as_string::<i32>().value(r).to_owned();
             (s(0), s(1), s(2))
         };
-        let mut owner_rows: BTreeMap<(String, String, String), crate::ledger::Owner> = BTreeMap::new();
+        let mut owner_rows: BTreeMap<(String, String, String), crate::sqlutil::Owner> = BTreeMap::new();
         let mut hosts: BTreeMap<String, String> = BTreeMap::new();
         for b in &owners {
             for r in 0..b.num_rows() {

@@ -57,7 +57,7 @@ impl ReportFormat {
     }
 }
 
-use crate::ledger::ts;
+use crate::sqlutil::ts;
 
 fn dec(b: &RecordBatch, i: usize, r: usize) -> Option<i64> {
     let c = b.column(i).as_primitive::<Decimal128Type>();

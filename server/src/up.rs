@@ -400,7 +400,7 @@ async fn open_agent(
 async fn foreign_host(server: &Server, sim_prefix: &str) -> Result<Option<String>, ServerError> {
     let sql = format!(
         "SELECT \"host\" FROM gpu_samples WHERE NOT starts_with(\"host\", {}) LIMIT 1",
-        crate::ledger::sql_str(sim_prefix)
+        crate::sqlutil::sql_str(sim_prefix)
     );
     let r = server
         .engine()
