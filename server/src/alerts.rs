@@ -49,9 +49,22 @@ use datafusion::arrow::datatypes::{
 };
 use serde::Deserialize;
 
+use crate::deliver::DeliveryError;
 use crate::ledger::Ledger;
 use crate::schedule::WebhookConfig;
-use crate::sqlutil::{OWNER_COLUMNS_SQL, mig_parent_uuids, owner_at, sql_str, strings, ts};
+use crate::sqlutil::{OWNER_COLUMNS_SQL, SqlError, mig_parent_uuids, owner_at, sql_str, strings, ts};
+use crate::statefile::FileError;
+
+/// Why an alert pass failed (the pass is retried at the next interval).
+#[derive(Debug, thiserror::Error)]
+pub enum AlertsError {
+    #[error(transparent)]
+    Sql(#[from] SqlError),
+    #[error("saving the alert state: {0}")]
+    State(#[from] FileError),
+    #[error("building the alerts table: {0}")]
+    Arrow(#[from] datafusion::arrow::error::ArrowError),
+}
 
 /// `[alerts]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -255,12 +268,12 @@ impl Alerts {
         v
     }
 
-    async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
-        crate::sqlutil::batches(&self.engine, sql).await.map_err(|e| e.to_string())
+    async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, AlertsError> {
+        Ok(crate::sqlutil::batches(&self.engine, sql).await?)
     }
 
     /// Evaluates as if the clock read `now_us` (the data's clock: tests replay history).
-    pub async fn evaluate_at(&self, now_us: i64) -> Result<EvalReport, String> {
+    pub async fn evaluate_at(&self, now_us: i64) -> Result<EvalReport, AlertsError> {
         let classify = self.ledger.classify_config().clone();
         let rules = &self.config.rules;
         let hold = [rules.zombie_after, rules.unallocated_busy_after, rules.xid_hold, rules.stale_after]
@@ -277,30 +290,22 @@ impl Alerts {
                 let read_from = c.read_to - OVERLAP_US;
                 // MIG parents: their activity is their instances'; the instances carry the
                 // alerts. A GPU already fed that turns out to be a parent: read it all again.
-                let new =
-                    mig_parent_uuids(&self.engine, &range_sql(read_from, now_us)).await.map_err(|e| e.to_string())?;
+                let new = mig_parent_uuids(&self.engine, &range_sql(read_from, now_us)).await?;
                 if new.iter().any(|p| !c.parents.contains(p) && c.tracker.last_end(p).is_some()) {
-                    (
-                        None,
-                        from,
-                        mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await.map_err(|e| e.to_string())?,
-                    )
+                    (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await?)
                 } else {
                     let parents = c.parents.iter().chain(&new).cloned().collect();
                     (Some(c), read_from, parents)
                 }
             }
-            None => {
-                (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await.map_err(|e| e.to_string())?)
-            }
+            None => (None, from, mig_parent_uuids(&self.engine, &range_sql(from, now_us)).await?),
         };
         let range = range_sql(read_from, now_us);
         let gpus = strings(
             &self.engine,
             &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} ORDER BY gpu_uuid"),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         let procs = self
             .query(&format!("SELECT gpu_uuid, max(time) FROM gpu_processes WHERE {range} GROUP BY gpu_uuid"))
             .await?;
@@ -436,7 +441,7 @@ impl Alerts {
     /// Follows idle runs that reach back to the lookback's start to where they began: the
     /// end of the last earlier window (within 7 days) that was busy, signal-less or
     /// someone else's. A gap in the data before the lookback does not end the run here.
-    async fn extend_runs(&self, tracker: &mut Tracker) -> Result<(), String> {
+    async fn extend_runs(&self, tracker: &mut Tracker) -> Result<(), AlertsError> {
         let idle = self.ledger.idle_sql();
         let mut seen = std::collections::BTreeSet::new();
         for (gpu, holder, first) in tracker.open_runs() {
@@ -493,17 +498,14 @@ impl Alerts {
         self.metrics.set(alerts.into_iter().filter(|a| a.state == AlertState::Firing).collect());
     }
 
-    fn save(&self) -> Result<(), String> {
-        let bytes = serde_json::to_vec(&self.lock().lifecycle).map_err(|e| e.to_string())?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
-        apron_collector::write_atomic(&self.path, &bytes).map_err(|e| format!("{}: {e}", self.path.display()))
+    fn save(&self) -> Result<(), FileError> {
+        let lifecycle = self.lock().lifecycle.clone();
+        crate::statefile::save_json(&self.path, &lifecycle)
     }
 
     /// Delivers to the receivers; `wall_now_us` is the real clock (Alertmanager expires
     /// alerts by it). Returns one line per receiver attempt.
-    pub async fn deliver(&self, wall_now_us: i64) -> Vec<Result<String, String>> {
+    pub async fn deliver(&self, wall_now_us: i64) -> Vec<Result<String, DeliveryError>> {
         let mut outcomes = Vec::new();
         if let Some(am) = &self.config.alertmanager {
             for url in &am.urls {
@@ -542,7 +544,7 @@ impl Alerts {
             }
         }
         if let Some(w) = &self.config.webhook {
-            let token = match w.token_file.as_ref().map(|p| crate::schedule::read_secret("token_file", p)).transpose() {
+            let token = match w.token_file.as_ref().map(|p| crate::deliver::read_secret("token_file", p)).transpose() {
                 Ok(t) => t,
                 Err(e) => {
                     outcomes.push(Err(e));
@@ -763,7 +765,7 @@ pub fn schema() -> SchemaRef {
     ]))
 }
 
-fn alerts_batch(alerts: &[AlertRecord]) -> Result<RecordBatch, String> {
+fn alerts_batch(alerts: &[AlertRecord]) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
     let strs = |f: &dyn Fn(&AlertRecord) -> Option<String>| -> ArrayRef {
         Arc::new(alerts.iter().map(f).collect::<StringArray>())
     };
@@ -791,14 +793,13 @@ fn alerts_batch(alerts: &[AlertRecord]) -> Result<RecordBatch, String> {
                 .iter()
                 .map(|a| a.cost_micros.map(i128::from))
                 .collect::<Decimal128Array>()
-                .with_precision_and_scale(18, 6)
-                .map_err(|e| e.to_string())?,
+                .with_precision_and_scale(18, 6)?,
         ),
         Arc::new(alerts.iter().map(|a| Some(a.gpus_stranded as i64)).collect::<Int64Array>()),
         Arc::new(alerts.iter().map(|a| Some(a.gpus_total as i64)).collect::<Int64Array>()),
         strs(&|a| Some(a.summary.clone())),
     ];
-    RecordBatch::try_new(schema(), cols).map_err(|e| e.to_string())
+    RecordBatch::try_new(schema(), cols)
 }
 
 /// `/metrics`: `apron_stranded_allocation{team,host,gpu,owner,workload_kind} 1` and

@@ -242,8 +242,8 @@ pub enum LedgerError {
     },
     #[error("storing {date}: {detail}")]
     Store { date: String, detail: String },
-    #[error("saving the ledger state {}: {detail}", path.display())]
-    State { path: PathBuf, detail: String },
+    #[error("saving the ledger state: {0}")]
+    State(#[from] crate::statefile::FileError),
 }
 
 enum DayError {
@@ -1152,12 +1152,7 @@ fn first_ts(batches: &[RecordBatch]) -> Option<i64> {
 }
 
 fn save_state(path: &std::path::Path, state: &LedgerState) -> Result<(), LedgerError> {
-    let failed = |detail: String| LedgerError::State { path: path.to_owned(), detail };
-    let bytes = serde_json::to_vec(state).map_err(|e| failed(e.to_string()))?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
-    }
-    apron_collector::write_atomic(path, &bytes).map_err(|e| failed(e.to_string()))
+    Ok(crate::statefile::save_json(path, state)?)
 }
 
 /// `gpu_cost_hourly` rows being built, in its wire schema.

@@ -43,6 +43,7 @@ pub mod schedule;
 pub mod scrape;
 pub mod sql;
 mod sqlutil;
+mod statefile;
 pub mod telemetry;
 pub mod ui;
 pub mod up;

@@ -32,7 +32,9 @@ use apron_query::QueryEngine;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
+use crate::deliver::DeliveryError;
 use crate::report::{self, ReportFormat};
+use crate::statefile::FileError;
 
 const MINUTE_US: i64 = 60_000_000;
 
@@ -86,10 +88,39 @@ impl Default for ReportConfig {
 #[serde(try_from = "String")]
 pub struct TimeOfDay(pub u32);
 
+/// A `[report] at` that is not `"HH:MM"`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: a time of day (UTC) such as \"06:00\"")]
+pub struct BadTimeOfDay(String);
+
+/// Why a week's report could not be produced or sent (each delivery's failure is kept
+/// in the week's sent record as this text).
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("nothing to send: configure [report] dir, [report.email] or [report.webhook]")]
+    NothingToSend,
+    #[error("{week} was already delivered ({when}; {}); --resend sends it again", path.display())]
+    AlreadyDelivered { week: String, when: String, path: PathBuf },
+    #[error("no {0}")]
+    NotConfigured(&'static str),
+    #[error("{0}")]
+    Report(String),
+    #[error("{name}: {detail}")]
+    Stored { name: String, detail: String },
+    #[error("{0}")]
+    Email(String),
+    #[error("SMTP {host}:{port}: {detail}")]
+    Smtp { host: String, port: u16, detail: String },
+    #[error(transparent)]
+    Delivery(#[from] DeliveryError),
+    #[error(transparent)]
+    File(#[from] FileError),
+}
+
 impl TryFrom<String> for TimeOfDay {
-    type Error = String;
-    fn try_from(s: String) -> Result<TimeOfDay, String> {
-        let bad = || format!("{s:?}: a time of day (UTC) such as \"06:00\"");
+    type Error = BadTimeOfDay;
+    fn try_from(s: String) -> Result<TimeOfDay, BadTimeOfDay> {
+        let bad = || BadTimeOfDay(s.clone());
         let (h, m) = s.split_once(':').ok_or_else(bad)?;
         let (h, m): (u32, u32) = (h.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
         if h > 23 || m > 59 {
@@ -282,17 +313,6 @@ fn rfc3339(us: i64) -> String {
     UnixMicros(us).to_rfc3339()
 }
 
-/// The first line of a secret file, trimmed; the error names the file, never the
-/// content.
-pub(crate) fn read_secret(what: &str, path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    let line = text.lines().next().unwrap_or("").trim().to_owned();
-    if line.is_empty() {
-        return Err(format!("{what} {} is empty", path.display()));
-    }
-    Ok(line)
-}
-
 fn dollars(v: &serde_json::Value) -> String {
     v.as_f64().map_or_else(|| "n/a".to_owned(), |d| format!("${d:.2}"))
 }
@@ -356,12 +376,8 @@ impl Schedule {
             .unwrap_or_else(|| SentRecord { week: week.to_string(), ..SentRecord::default() })
     }
 
-    fn save(&self, week: IsoWeek, record: &SentRecord) -> Result<(), String> {
-        let path = self.sent_path(week);
-        let dir = report::stored_dir(&self.data_dir, week);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-        apron_collector::write_atomic(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+    fn save(&self, week: IsoWeek, record: &SentRecord) -> Result<(), FileError> {
+        crate::statefile::save_json(&self.sent_path(week), record)
     }
 
     /// One pass as if the clock read `now_us`: delivers the due week's pending
@@ -391,22 +407,22 @@ impl Schedule {
     /// `apron report --week W --send`: every configured delivery of `week` now. A week
     /// whose deliveries were all made is refused unless `force`; otherwise only the
     /// missing ones are made.
-    pub async fn send(&self, week: IsoWeek, force: bool, now_us: i64) -> Result<ScheduleReport, String> {
+    pub async fn send(&self, week: IsoWeek, force: bool, now_us: i64) -> Result<ScheduleReport, ScheduleError> {
         let _one_pass = self.pass.lock().await;
         let wanted = self.config.deliveries();
         if wanted.is_empty() {
-            return Err("nothing to send: configure [report] dir, [report.email] or [report.webhook]".into());
+            return Err(ScheduleError::NothingToSend);
         }
         let record = self.sent(week);
         let pending: Vec<&'static str> =
             wanted.iter().copied().filter(|d| force || !record.delivered.contains_key(*d)).collect();
         if pending.is_empty() {
             let when: Vec<String> = record.delivered.iter().map(|(k, v)| format!("{k} at {}", v.at)).collect();
-            return Err(format!(
-                "{week} was already delivered ({}; {}); --resend sends it again",
-                when.join(", "),
-                self.sent_path(week).display()
-            ));
+            return Err(ScheduleError::AlreadyDelivered {
+                week: week.to_string(),
+                when: when.join(", "),
+                path: self.sent_path(week),
+            });
         }
         Ok(self.deliver(week, &pending, record, now_us).await)
     }
@@ -470,7 +486,10 @@ impl Schedule {
                 Err(error) => {
                     tracing::warn!(week = %week, delivery = kind, tries, error = %error, "report delivery failed; trying again in {:?}", self.config.retry_after);
                     out.errors.push(format!("{kind}: {error}"));
-                    record.failed.insert(kind.to_owned(), Failed { at: rfc3339(now_us), at_us: now_us, tries, error });
+                    record.failed.insert(
+                        kind.to_owned(),
+                        Failed { at: rfc3339(now_us), at_us: now_us, tries, error: error.to_string() },
+                    );
                 }
             }
             // After each delivery, so a restart does not repeat one already made.
@@ -484,7 +503,7 @@ impl Schedule {
     /// The week's files: its frozen copy once it was delivered, else built from the
     /// data now (frozen by [`Schedule::deliver`] at the first delivery that succeeds);
     /// its JSON (for the summary), every file, and whether they are the frozen copy.
-    async fn files(&self, week: IsoWeek, now_us: i64) -> Result<(serde_json::Value, Files, bool), String> {
+    async fn files(&self, week: IsoWeek, now_us: i64) -> Result<(serde_json::Value, Files, bool), ScheduleError> {
         const FORMATS: [ReportFormat; 4] =
             [ReportFormat::Json, ReportFormat::Html, ReportFormat::Xlsx, ReportFormat::Csv];
         // The frozen copy when there is one; else the week built once and rendered in
@@ -497,8 +516,14 @@ impl Schedule {
             None => {
                 let share = self.config.share_unallocated;
                 let scope = apron_query::Scope::All;
-                let built = report::build(&self.engine, self.book.as_ref(), week, share, now_us, &scope).await?;
-                FORMATS.iter().map(|&f| report::render(&built, f).map(|r| (f, r))).collect::<Result<_, _>>()?
+                let built = report::build(&self.engine, self.book.as_ref(), week, share, now_us, &scope)
+                    .await
+                    .map_err(ScheduleError::Report)?;
+                FORMATS
+                    .iter()
+                    .map(|&f| report::render(&built, f).map(|r| (f, r)))
+                    .collect::<Result<_, _>>()
+                    .map_err(ScheduleError::Report)?
             }
         };
         let mut summary = serde_json::Value::Null;
@@ -506,7 +531,8 @@ impl Schedule {
         for (format, named) in rendered {
             for (name, bytes) in named {
                 if format == ReportFormat::Json {
-                    summary = serde_json::from_slice(&bytes).map_err(|e| format!("{name}: {e}"))?;
+                    summary = serde_json::from_slice(&bytes)
+                        .map_err(|e| ScheduleError::Stored { name: name.clone(), detail: e.to_string() })?;
                 }
                 files.push((name, format.content_type(), bytes));
             }
@@ -514,12 +540,10 @@ impl Schedule {
         Ok((summary, files, frozen))
     }
 
-    fn export(&self, week: IsoWeek, files: &Files) -> Result<String, String> {
-        let Some(dir) = &self.config.dir else { return Err("no [report] dir".into()) };
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    fn export(&self, week: IsoWeek, files: &Files) -> Result<String, ScheduleError> {
+        let Some(dir) = &self.config.dir else { return Err(ScheduleError::NotConfigured("[report] dir")) };
         for (name, _, bytes) in files {
-            let path = dir.join(format!("apron-{week}-{name}"));
-            apron_collector::write_atomic(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            crate::statefile::write(&dir.join(format!("apron-{week}-{name}")), bytes)?;
         }
         Ok(format!("wrote {} files to {}", files.len(), dir.display()))
     }
@@ -530,10 +554,10 @@ impl Schedule {
         week: IsoWeek,
         summary: &serde_json::Value,
         files: &Files,
-    ) -> Result<lettre::Message, String> {
+    ) -> Result<lettre::Message, ScheduleError> {
         use lettre::message::header::ContentType;
         use lettre::message::{Attachment, MultiPart, SinglePart};
-        let Some(e) = &self.config.email else { return Err("no [report.email]".into()) };
+        let Some(e) = &self.config.email else { return Err(ScheduleError::NotConfigured("[report.email]")) };
         let fleet = &summary["fleet"];
         let subject = format!(
             "Apron GPU cost report {week}: {} total, {} idle",
@@ -541,10 +565,10 @@ impl Schedule {
             dollars(&fleet["idle_cost_usd"])
         );
         let mut builder = lettre::Message::builder()
-            .from(e.from.parse().map_err(|err| format!("from {:?}: {err}", e.from))?)
+            .from(e.from.parse().map_err(|err| ScheduleError::Email(format!("from {:?}: {err}", e.from)))?)
             .subject(subject);
         for t in &e.to {
-            builder = builder.to(t.parse().map_err(|err| format!("to {t:?}: {err}"))?);
+            builder = builder.to(t.parse().map_err(|err| ScheduleError::Email(format!("to {t:?}: {err}")))?);
         }
         let text = summary_text(summary);
         let html = e
@@ -571,30 +595,29 @@ impl Schedule {
             };
             for name in names {
                 let Some((_, ct, bytes)) = files.iter().find(|(n, _, _)| *n == name) else {
-                    return Err(format!("{name} missing from the stored report"));
+                    return Err(ScheduleError::Stored { name, detail: "missing from the stored report".into() });
                 };
-                let ct = ContentType::parse(ct).map_err(|err| format!("{ct}: {err}"))?;
+                let ct = ContentType::parse(ct).map_err(|err| ScheduleError::Email(format!("{ct}: {err}")))?;
                 mixed = mixed.singlepart(Attachment::new(format!("apron-{week}-{name}")).body(bytes.clone(), ct));
             }
         }
-        builder.multipart(mixed).map_err(|err| format!("building the e-mail: {err}"))
+        builder.multipart(mixed).map_err(|err| ScheduleError::Email(format!("building the e-mail: {err}")))
     }
 
-    async fn email(&self, week: IsoWeek, summary: &serde_json::Value, files: &Files) -> Result<String, String> {
+    async fn email(&self, week: IsoWeek, summary: &serde_json::Value, files: &Files) -> Result<String, ScheduleError> {
         use lettre::transport::smtp::authentication::Credentials;
         use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
         use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
-        let Some(e) = &self.config.email else { return Err("no [report.email]".into()) };
+        let Some(e) = &self.config.email else { return Err(ScheduleError::NotConfigured("[report.email]")) };
         let message = self.message(week, summary, files)?;
-        let tls = || -> Result<TlsParameters, String> {
+        let tls = || -> Result<TlsParameters, ScheduleError> {
+            let ca_error = |ca: &Path, err: String| ScheduleError::Email(format!("ca_file {}: {err}", ca.display()));
             let mut p = TlsParameters::builder(e.smtp_host.clone());
             if let Some(ca) = &e.ca_file {
-                let pem = std::fs::read(ca).map_err(|err| format!("ca_file {}: {err}", ca.display()))?;
-                p = p.add_root_certificate(
-                    Certificate::from_pem(&pem).map_err(|err| format!("ca_file {}: {err}", ca.display()))?,
-                );
+                let pem = std::fs::read(ca).map_err(|err| ca_error(ca, err.to_string()))?;
+                p = p.add_root_certificate(Certificate::from_pem(&pem).map_err(|err| ca_error(ca, err.to_string()))?);
             }
-            p.build_rustls().map_err(|err| format!("TLS: {err}"))
+            p.build_rustls().map_err(|err| ScheduleError::Email(format!("TLS: {err}")))
         };
         let (tls, port) = match e.tls {
             TlsMode::None => (Tls::None, 25),
@@ -607,10 +630,14 @@ impl Schedule {
             .tls(tls)
             .timeout(Some(e.timeout));
         if let (Some(user), Some(file)) = (&e.username, &e.password_file) {
-            transport = transport.credentials(Credentials::new(user.clone(), read_secret("password_file", file)?));
+            transport = transport
+                .credentials(Credentials::new(user.clone(), crate::deliver::read_secret("password_file", file)?));
         }
-        let response =
-            transport.build().send(message).await.map_err(|err| format!("SMTP {}:{port}: {err}", e.smtp_host))?;
+        let response = transport.build().send(message).await.map_err(|err| ScheduleError::Smtp {
+            host: e.smtp_host.clone(),
+            port,
+            detail: err.to_string(),
+        })?;
         Ok(format!(
             "e-mailed to {} via {}:{port} ({})",
             e.to.join(", "),
@@ -630,10 +657,10 @@ impl Schedule {
         body
     }
 
-    async fn webhook(&self, summary: &serde_json::Value) -> Result<String, String> {
-        let Some(w) = self.config.webhook.clone() else { return Err("no [report.webhook]".into()) };
-        let body = serde_json::to_vec(&Self::webhook_body(summary)).map_err(|e| e.to_string())?;
-        let token = w.token_file.as_ref().map(|p| read_secret("token_file", p)).transpose()?;
+    async fn webhook(&self, summary: &serde_json::Value) -> Result<String, ScheduleError> {
+        let Some(w) = self.config.webhook.clone() else { return Err(ScheduleError::NotConfigured("[report.webhook]")) };
+        let body = serde_json::to_vec(&Self::webhook_body(summary)).unwrap_or_default();
+        let token = w.token_file.as_ref().map(|p| crate::deliver::read_secret("token_file", p)).transpose()?;
         let status = crate::deliver::post_json(w.url.clone(), body, w.timeout, token).await?;
         Ok(format!("posted to {} ({status})", w.url))
     }
