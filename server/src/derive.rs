@@ -43,6 +43,27 @@ use apron_query::TableSource;
 use apron_query::rollup::{self, DayState, DayStatus, GpuSlice, Labels, Minutes, RawView, RollupState};
 use serde::Deserialize;
 
+/// Why a rollup pass could not materialize or relabel a day (retried next pass).
+#[derive(Debug, thiserror::Error)]
+pub enum DeriveError {
+    #[error(transparent)]
+    Sql(#[from] crate::sqlutil::SqlError),
+    #[error("rollup query: {0}")]
+    Query(#[from] apron_query::QueryError),
+    #[error("converting the rollup rows: {0}")]
+    Convert(#[from] datafusion::error::DataFusionError),
+    #[error("storing: {0}")]
+    Store(String),
+    #[error("saving the rollup state: {0}")]
+    State(String),
+    #[error("relabelling {date}: {source}")]
+    Relabel {
+        date: String,
+        #[source]
+        source: Box<DeriveError>,
+    },
+}
+
 const DAY_US: i64 = 86_400_000_000;
 
 /// `[rollup]`: the materializer of `gpu_samples_1m`.
@@ -176,7 +197,7 @@ impl Materializer {
             match self.relabel(&mut state, &view, &stored.files, now_us, &mut report).await {
                 Ok(()) => dirty = false,
                 Err(e) => {
-                    report.errors.push(e);
+                    report.errors.push(e.to_string());
                     return report;
                 }
             }
@@ -216,7 +237,7 @@ impl Materializer {
                     report.materialized.push((date, rows));
                     // Saved at once: a later day's failure must not lose this record.
                     if let Err(e) = self.save(&state).await {
-                        report.errors.push(e);
+                        report.errors.push(e.to_string());
                     } else {
                         dirty = false;
                     }
@@ -228,7 +249,7 @@ impl Materializer {
             }
         }
         if dirty && let Err(e) = self.save(&state).await {
-            report.errors.push(e);
+            report.errors.push(e.to_string());
         }
         report
     }
@@ -242,7 +263,7 @@ impl Materializer {
         stored: &[apron_query::DataFile],
         now_us: i64,
         report: &mut DeriveReport,
-    ) -> Result<(), String> {
+    ) -> Result<(), DeriveError> {
         let stored_days = rollup::stored_days(stored);
         let files_of = |day: i64| -> Vec<String> {
             let mut v: Vec<String> = stored
@@ -290,7 +311,7 @@ impl Materializer {
             let rows = self
                 .materialize(day, &date, Source::Relabel { with_next: old(day + 1, state) })
                 .await
-                .map_err(|e| format!("relabelling {date}: {e}"))?;
+                .map_err(|e| DeriveError::Relabel { date: date.clone(), source: Box::new(e) })?;
             tracing::info!(%date, rows, elapsed_ms = started.elapsed().as_millis() as u64, "relabelled gpu_samples_1m");
             state.days.insert(day, DayState { inputs: Vec::new(), materialized_us: now_us, rows });
             state.relabelling = None;
@@ -302,18 +323,18 @@ impl Materializer {
         self.save(state).await
     }
 
-    async fn save(&self, state: &RollupState) -> Result<(), String> {
+    async fn save(&self, state: &RollupState) -> Result<(), DeriveError> {
         let (state, path) = (state.clone(), self.state_path.clone());
-        tokio::task::spawn_blocking(move || state.save(&path))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        match tokio::task::spawn_blocking(move || state.save(&path)).await {
+            Ok(saved) => saved.map_err(|e| DeriveError::State(e.to_string())),
+            Err(e) => Err(DeriveError::State(e.to_string())),
+        }
     }
 
     /// Rolls up day `day` from `gpu_samples` and replaces its partition: a slice of GPUs
     /// at a time, in UUID order, each slice's minutes handed to the partition writer as
     /// they come — the day is never whole in memory.
-    async fn materialize(&self, day: i64, date: &str, source: Source) -> Result<usize, String> {
+    async fn materialize(&self, day: i64, date: &str, source: Source) -> Result<usize, DeriveError> {
         let minutes = Minutes::day(day);
         let gpus_sql = match source {
             Source::Raw => format!(
@@ -331,7 +352,7 @@ impl Materializer {
                 )
             }
         };
-        let gpus = crate::sqlutil::strings(&self.engine, &gpus_sql).await.map_err(|e| e.to_string())?;
+        let gpus = crate::sqlutil::strings(&self.engine, &gpus_sql).await?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Part>(2);
         let (store, owned_date) = (self.store.clone(), date.to_owned());
         let writer = tokio::task::spawn_blocking(move || {
@@ -345,7 +366,7 @@ impl Materializer {
             store.replace_partition_sorted(Table::GpuSamples1m, &owned_date, parts)
         });
         let mut rows = 0;
-        let produced: Result<(), String> = async {
+        let produced: Result<(), DeriveError> = async {
             for chunk in gpus.chunks(self.gpus_per_query) {
                 let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
                 let slice = GpuSlice { first, last };
@@ -354,10 +375,9 @@ impl Materializer {
                     Source::Relabel { with_next } => {
                         self.engine.execute_internal(&rollup::relabel_sql(day, with_next, slice)).await
                     }
-                }
-                .map_err(|e| format!("rollup query: {e}"))?;
+                }?;
                 for b in &result.batches {
-                    let wire = rollup::to_wire(b).map_err(|e| format!("converting the rollup rows: {e}"))?;
+                    let wire = rollup::to_wire(b)?;
                     rows += wire.num_rows();
                     if tx.send(Part::Rows(wire)).await.is_err() {
                         return Ok(()); // the writer stopped; its error says why
@@ -367,11 +387,15 @@ impl Materializer {
             Ok(())
         }
         .await;
-        let _ = tx.send(produced.clone().map_or_else(Part::Failed, |()| Part::End)).await;
+        let last = match &produced {
+            Ok(()) => Part::End,
+            Err(e) => Part::Failed(e.to_string()),
+        };
+        let _ = tx.send(last).await;
         drop(tx);
-        let stored = writer.await.map_err(|e| e.to_string())?;
+        let stored = writer.await.map_err(|e| DeriveError::Store(e.to_string()))?;
         produced?;
-        stored.map_err(|e| format!("storing: {e}"))?;
+        stored.map_err(|e| DeriveError::Store(e.to_string()))?;
         Ok(rows)
     }
 

@@ -112,6 +112,6 @@ async fn recommendations(
             set.retain(|r| crate::access::visible(&scope, &r.team));
             axum::Json(set).into_response()
         }
-        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "recommendations_failed", &e),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "recommendations_failed", &e.to_string()),
     }
 }

@@ -34,10 +34,28 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{
     DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType,
 };
+use datafusion::arrow::error::ArrowError;
 use serde::Deserialize;
 
 use crate::ledger::Ledger;
-use crate::sqlutil::{OWNER_COLUMNS_SQL, gpus_excluded_sql, mig_parent_uuids, owner_at, sql_str, strings, ts};
+use crate::sqlutil::{
+    OWNER_COLUMNS_SQL, SqlError, gpus_excluded_sql, mig_parent_uuids, owner_at, sql_str, strings, ts,
+};
+
+/// Why recommendations could not be computed (the table keeps its last set).
+#[derive(Debug, thiserror::Error)]
+pub enum RecommendError {
+    #[error(transparent)]
+    Sql(#[from] SqlError),
+    #[error("window {}: must be positive (and under 292,000 years)", humantime::format_duration(*.0))]
+    BadWindow(Duration),
+    #[error("expected {expected} (in: {sql})")]
+    Shape { sql: String, expected: &'static str },
+    #[error("pricing: {0}")]
+    Money(#[from] apron_cost::money::MoneyError),
+    #[error("building the recommendations table: {0}")]
+    Arrow(#[from] ArrowError),
+}
 
 /// `[recommend]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -122,8 +140,8 @@ impl Recommender {
         &self.settings
     }
 
-    async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
-        crate::sqlutil::batches(&self.engine, sql).await.map_err(|e| e.to_string())
+    async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, RecommendError> {
+        Ok(crate::sqlutil::batches(&self.engine, sql).await?)
     }
 
     /// The filter every query of a run shares: held windows of the range, no lost ones,
@@ -133,10 +151,10 @@ impl Recommender {
     }
 
     /// Recommendations for `(to − window, to]`.
-    pub async fn compute(&self, window: Duration, to_us: i64) -> Result<RecommendationSet, String> {
-        let window_us = i64::try_from(window.as_micros()).map_err(|_| "window too long")?;
+    pub async fn compute(&self, window: Duration, to_us: i64) -> Result<RecommendationSet, RecommendError> {
+        let window_us = i64::try_from(window.as_micros()).map_err(|_| RecommendError::BadWindow(window))?;
         if window_us <= 0 {
-            return Err("the window must be positive".into());
+            return Err(RecommendError::BadWindow(window));
         }
         let from_us = to_us - window_us;
         // Monthly figures extrapolate from the hours the data covers, not from the
@@ -144,14 +162,13 @@ impl Recommender {
         let covered_us = self.covered(from_us, to_us).await?.unwrap_or(window_us);
         let idle = self.ledger.idle_sql();
         let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
-        let parents = mig_parent_uuids(&self.engine, &range).await.map_err(|e| e.to_string())?;
+        let parents = mig_parent_uuids(&self.engine, &range).await?;
         let filter = Self::base_filter(&range, &parents);
         let gpus = strings(
             &self.engine,
             &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {filter} ORDER BY gpu_uuid"),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         let known = "(sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL)";
         let per_gpu_sql = |slice: &str| {
             format!(
@@ -273,7 +290,7 @@ impl Recommender {
             }
         }
         let allocs: Vec<AllocationUse> = allocs.into_values().collect();
-        let mut items = recommend::plan(&allocs, &[], &self.settings.rules, covered_us).map_err(|e| e.to_string())?;
+        let mut items = recommend::plan(&allocs, &[], &self.settings.rules, covered_us)?;
         for r in &mut items {
             let members = match &r.proposal {
                 Some(p) => recommend::replay_members(&allocs, p),
@@ -281,7 +298,7 @@ impl Recommender {
             };
             if !members.is_empty() {
                 let series = self.series(&allocs, &members, &filter).await?;
-                recommend::finish(r, &allocs, &series, covered_us).map_err(|e| e.to_string())?;
+                recommend::finish(r, &allocs, &series, covered_us)?;
             }
             let pairs: Vec<(String, String, String)> = match &r.proposal {
                 Some(_) => members
@@ -314,7 +331,7 @@ impl Recommender {
     /// How much of `(from, to]` the fleet's samples cover: from the start of the first
     /// window in it (its end less the longest window) to the end of the last (`None`
     /// when it holds no sample).
-    async fn covered(&self, from_us: i64, to_us: i64) -> Result<Option<i64>, String> {
+    async fn covered(&self, from_us: i64, to_us: i64) -> Result<Option<i64>, RecommendError> {
         let sql = format!(
             "SELECT CAST(min(time) AS BIGINT), CAST(max(time) AS BIGINT), CAST(max(window_s) * 1000000 AS BIGINT) \
              FROM gpu_samples WHERE time > {} AND time <= {}",
@@ -361,7 +378,7 @@ impl Recommender {
         allocs: &[AllocationUse],
         members: &[(usize, usize)],
         filter: &str,
-    ) -> Result<Vec<Workload>, String> {
+    ) -> Result<Vec<Workload>, RecommendError> {
         let idle = self.ledger.idle_sql();
         let which: Vec<String> = members
             .iter()
@@ -397,7 +414,7 @@ impl Recommender {
                 let start_us = match (minute, minute_ns) {
                     (Some(m), _) => m.value(r),
                     (None, Some(m)) => m.value(r) / 1000,
-                    _ => return Err("unexpected minute type".into()),
+                    _ => return Err(RecommendError::Shape { sql: sql.clone(), expected: "a timestamp minute column" }),
                 };
                 by_key
                     .entry((s(0).value(r).to_owned(), s(1).value(r).to_owned(), s(2).value(r).to_owned()))
@@ -427,7 +444,7 @@ impl Recommender {
     }
 
     /// Computes the table's window ending at `to_us` and publishes it.
-    pub async fn refresh_at(&self, to_us: i64) -> Result<usize, String> {
+    pub async fn refresh_at(&self, to_us: i64) -> Result<usize, RecommendError> {
         let set = self.compute(self.settings.window, to_us).await?;
         let n = set.recommendations.len();
         self.table.replace(vec![recommendations_batch(&set)?]);
@@ -503,21 +520,20 @@ pub fn schema() -> SchemaRef {
     ]))
 }
 
-fn recommendations_batch(set: &RecommendationSet) -> Result<RecordBatch, String> {
+fn recommendations_batch(set: &RecommendationSet) -> Result<RecordBatch, ArrowError> {
     let items = &set.recommendations;
     let n = items.len();
     let strs = |f: &dyn Fn(&Recommendation) -> Option<String>| -> ArrayRef {
         Arc::new(items.iter().map(f).collect::<StringArray>())
     };
     let tsc = |v: i64| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(vec![v; n]).with_timezone("UTC")) };
-    let money = |f: &dyn Fn(&Recommendation) -> i64| -> Result<ArrayRef, String> {
+    let money = |f: &dyn Fn(&Recommendation) -> i64| -> Result<ArrayRef, ArrowError> {
         Ok(Arc::new(
             items
                 .iter()
                 .map(|r| Some(i128::from(f(r))))
                 .collect::<Decimal128Array>()
-                .with_precision_and_scale(18, 6)
-                .map_err(|e| e.to_string())?,
+                .with_precision_and_scale(18, 6)?,
         ))
     };
     let cols: Vec<ArrayRef> = vec![
@@ -543,5 +559,5 @@ fn recommendations_batch(set: &RecommendationSet) -> Result<RecordBatch, String>
         strs(&|r| r.replay.as_ref().and_then(|o| serde_json::to_string(o).ok())),
         Arc::new(Float64Array::from(vec![set.covered_hours; n])),
     ];
-    RecordBatch::try_new(schema(), cols).map_err(|e| e.to_string())
+    RecordBatch::try_new(schema(), cols)
 }
