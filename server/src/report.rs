@@ -59,6 +59,23 @@ impl ReportFormat {
 
 use crate::sqlutil::ts;
 
+/// Why a weekly report could not be built, rendered, stored or closed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Query(#[from] apron_query::QueryError),
+    #[error("the report model: {0}")]
+    Model(String),
+    #[error("rendering {format}: {detail}")]
+    Render { format: &'static str, detail: String },
+    #[error("comparing with the stored report: {0}")]
+    Stored(String),
+    #[error(transparent)]
+    File(#[from] crate::statefile::FileError),
+    #[error("{week} has not ended yet (it ends {ends}); a week can be closed once it is over")]
+    NotOver { week: String, ends: String },
+}
+
 fn dec(b: &RecordBatch, i: usize, r: usize) -> Option<i64> {
     let c = b.column(i).as_primitive::<Decimal128Type>();
     (!c.is_null(r)).then(|| i64::try_from(c.value(r)).unwrap_or(i64::MAX))
@@ -66,7 +83,7 @@ fn dec(b: &RecordBatch, i: usize, r: usize) -> Option<i64> {
 
 /// The week's `gpu_cost_hourly` rows. Seconds are Decimal(18, 6): the unscaled integer
 /// is microseconds; money likewise is micro-dollars.
-async fn hourly_rows(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Result<Vec<HourlyRow>, String> {
+async fn hourly_rows(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Result<Vec<HourlyRow>, ReportError> {
     let sql = format!(
         "SELECT hour, gpu_uuid, team, active_s, allocated_idle_s, stranded_s, unallocated_idle_s, \
          unallocated_busy_s, unknown_s, underused_s, cost_usd, idle_cost_usd, stranded_cost_usd \
@@ -74,7 +91,7 @@ async fn hourly_rows(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Resu
         ts(week.start_us()),
         ts(week.end_us())
     );
-    let result = engine.execute_internal_as(&sql, scope).await.map_err(|e| e.to_string())?;
+    let result = engine.execute_internal_as(&sql, scope).await?;
     let mut rows = Vec::new();
     for b in &result.batches {
         let hour = b.column(0).as_primitive::<TimestampMicrosecondType>();
@@ -102,7 +119,7 @@ async fn hourly_rows(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Resu
 }
 
 /// Stranded time and dollars per allocation owner in the week.
-async fn stranded_facts(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Result<Vec<StrandedFact>, String> {
+async fn stranded_facts(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> Result<Vec<StrandedFact>, ReportError> {
     let (from, to) = (ts(week.start_us()), ts(week.end_us()));
     let sql = format!(
         "WITH per_gpu AS ( \
@@ -116,7 +133,7 @@ async fn stranded_facts(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> R
                 CAST(sum(usd) * 1000000 AS BIGINT) AS micros \
          FROM per_gpu GROUP BY owner, team ORDER BY micros DESC, owner"
     );
-    let result = engine.execute_internal_as(&sql, scope).await.map_err(|e| e.to_string())?;
+    let result = engine.execute_internal_as(&sql, scope).await?;
     let mut out = Vec::new();
     for b in &result.batches {
         let (owner, team) = (b.column(0).as_string::<i32>(), b.column(1).as_string::<i32>());
@@ -144,7 +161,7 @@ pub async fn build(
     share: ShareUnallocated,
     now_us: i64,
     scope: &Scope,
-) -> Result<WeeklyReport, String> {
+) -> Result<WeeklyReport, ReportError> {
     let version = book.map_or("none (no price book configured)", |b| b.version());
     let prices = book.map(|b| b.table()).unwrap_or_default();
     let prev_week = week.previous();
@@ -160,7 +177,7 @@ pub async fn build(
         share_unallocated: share,
         previous: None,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| ReportError::Model(e.to_string()))?;
     let rows = hourly_rows(engine, week, scope).await?;
     let stranded = stranded_facts(engine, week, scope).await?;
     WeeklyReport::build(&ReportInput {
@@ -173,17 +190,19 @@ pub async fn build(
         share_unallocated: share,
         previous: Some(&previous),
     })
-    .map_err(|e| e.to_string())
+    .map_err(|e| ReportError::Model(e.to_string()))
 }
 
 /// The files of one rendering: `(file name, bytes)`.
-pub fn render(report: &WeeklyReport, format: ReportFormat) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub fn render(report: &WeeklyReport, format: ReportFormat) -> Result<Vec<(String, Vec<u8>)>, ReportError> {
     Ok(match format {
-        ReportFormat::Json => vec![("report.json".into(), report.to_json().map_err(|e| e.to_string())?.into_bytes())],
+        ReportFormat::Json => {
+            vec![("report.json".into(), report.to_json().map_err(|e| render_error("JSON", e))?.into_bytes())]
+        }
         ReportFormat::Html => vec![("report.html".into(), report.to_html().into_bytes())],
         ReportFormat::Csv => report
             .to_csv()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| render_error("CSV", e))?
             .into_iter()
             .map(|(name, text)| (name.to_owned(), text.into_bytes()))
             .collect(),
@@ -191,29 +210,33 @@ pub fn render(report: &WeeklyReport, format: ReportFormat) -> Result<Vec<(String
     })
 }
 
+fn render_error(format: &'static str, e: impl std::fmt::Display) -> ReportError {
+    ReportError::Render { format, detail: e.to_string() }
+}
+
 /// One sheet per CSV table, numbers as numbers.
-fn xlsx(report: &WeeklyReport) -> Result<Vec<u8>, String> {
+fn xlsx(report: &WeeklyReport) -> Result<Vec<u8>, ReportError> {
     let mut book = rust_xlsxwriter::Workbook::new();
     let bold = rust_xlsxwriter::Format::new().set_bold();
-    for (name, text) in report.to_csv().map_err(|e| e.to_string())? {
+    for (name, text) in report.to_csv().map_err(|e| render_error("XLSX", e))? {
         let sheet = book.add_worksheet();
-        sheet.set_name(name.trim_end_matches(".csv")).map_err(|e| e.to_string())?;
+        sheet.set_name(name.trim_end_matches(".csv")).map_err(|e| render_error("XLSX", e))?;
         let mut reader = csv::ReaderBuilder::new().has_headers(false).from_reader(text.as_bytes());
         for (r, record) in reader.records().enumerate() {
-            let record = record.map_err(|e| e.to_string())?;
-            let row = u32::try_from(r).map_err(|e| e.to_string())?;
+            let record = record.map_err(|e| render_error("XLSX", e))?;
+            let row = u32::try_from(r).map_err(|e| render_error("XLSX", e))?;
             for (c, field) in record.iter().enumerate() {
-                let col = u16::try_from(c).map_err(|e| e.to_string())?;
+                let col = u16::try_from(c).map_err(|e| render_error("XLSX", e))?;
                 let written = match field.parse::<f64>() {
                     Ok(n) if r > 0 && !field.is_empty() => sheet.write_number(row, col, n).map(|_| ()),
                     _ if r == 0 => sheet.write_string_with_format(row, col, field, &bold).map(|_| ()),
                     _ => sheet.write_string(row, col, field).map(|_| ()),
                 };
-                written.map_err(|e| e.to_string())?;
+                written.map_err(|e| render_error("XLSX", e))?;
             }
         }
     }
-    book.save_to_buffer().map_err(|e| e.to_string())
+    book.save_to_buffer().map_err(|e| render_error("XLSX", e))
 }
 
 /// `<data>/reports/<week>/`.
@@ -235,12 +258,12 @@ pub fn load_stored(data_dir: &Path, week: IsoWeek, format: ReportFormat) -> Opti
 
 /// Freezes `report`: writes every rendering of it to `<data>/reports/<week>/`
 /// (atomically per file), so later requests re-render the week identically.
-pub fn store(data_dir: &Path, week: IsoWeek, report: &WeeklyReport) -> Result<PathBuf, String> {
+pub fn store(data_dir: &Path, week: IsoWeek, report: &WeeklyReport) -> Result<PathBuf, ReportError> {
     let mut files = Vec::new();
     for format in [ReportFormat::Json, ReportFormat::Csv, ReportFormat::Html, ReportFormat::Xlsx] {
         files.extend(render(report, format)?);
     }
-    freeze(data_dir, week, files.iter().map(|(n, b)| (n.as_str(), b.as_slice())))
+    Ok(freeze(data_dir, week, files.iter().map(|(n, b)| (n.as_str(), b.as_slice())))?)
 }
 
 /// Freezes renderings already made (the schedule's, at the week's first delivery: the
@@ -249,21 +272,19 @@ pub fn freeze<'a>(
     data_dir: &Path,
     week: IsoWeek,
     files: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, crate::statefile::FileError> {
     let dir = stored_dir(data_dir, week);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for (name, bytes) in files {
-        let path = dir.join(name);
-        apron_collector::write_atomic(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::statefile::write(&dir.join(name), bytes)?;
     }
     Ok(dir)
 }
 
 /// What changed between a stored report and a recomputation: the lines of their JSON
 /// that differ (per team and total figures), for `--recompute`.
-pub fn changes(stored_json: &str, fresh: &WeeklyReport) -> Result<Vec<String>, String> {
-    let old: serde_json::Value = serde_json::from_str(stored_json).map_err(|e| e.to_string())?;
-    let new = serde_json::to_value(fresh).map_err(|e| e.to_string())?;
+pub fn changes(stored_json: &str, fresh: &WeeklyReport) -> Result<Vec<String>, ReportError> {
+    let old: serde_json::Value = serde_json::from_str(stored_json).map_err(|e| ReportError::Stored(e.to_string()))?;
+    let new = serde_json::to_value(fresh).map_err(|e| ReportError::Stored(e.to_string()))?;
     let mut out = Vec::new();
     let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
     flatten("", &old, &mut a);
@@ -343,7 +364,7 @@ pub async fn produce(
     freeze: Freeze,
     share: ShareUnallocated,
     now_us: i64,
-) -> Result<Produced, String> {
+) -> Result<Produced, ReportError> {
     let stored = load_stored(data_dir, week, format);
     if freeze == Freeze::Close
         && let Some(files) = stored
@@ -359,10 +380,10 @@ pub async fn produce(
     match (freeze, stored) {
         (Freeze::View, Some(files)) => Ok(Produced { files, frozen: true, changed }),
         (Freeze::View, None) => Ok(Produced { files: render(&fresh, format)?, frozen: false, changed }),
-        (Freeze::Close, _) if week.end_us() > now_us => Err(format!(
-            "{week} has not ended yet (it ends {}); a week can be closed once it is over",
-            apron_common::UnixMicros(week.end_us()).to_rfc3339()
-        )),
+        (Freeze::Close, _) if week.end_us() > now_us => Err(ReportError::NotOver {
+            week: week.to_string(),
+            ends: apron_common::UnixMicros(week.end_us()).to_rfc3339(),
+        }),
         (Freeze::Close, _) => {
             store(data_dir, week, &fresh)?;
             Ok(Produced { files: render(&fresh, format)?, frozen: true, changed })
@@ -378,10 +399,10 @@ pub async fn produce(
 }
 
 /// The first hour of `gpu_cost_hourly` that `scope` can see, if any.
-async fn first_hour(engine: &QueryEngine, scope: &Scope) -> Result<Option<i64>, String> {
+async fn first_hour(engine: &QueryEngine, scope: &Scope) -> Result<Option<i64>, ReportError> {
     use datafusion::arrow::array::AsArray;
     use datafusion::arrow::datatypes::TimestampMicrosecondType;
-    let r = engine.execute_as("SELECT min(hour) FROM gpu_cost_hourly", scope).await.map_err(|e| e.to_string())?;
+    let r = engine.execute_as("SELECT min(hour) FROM gpu_cost_hourly", scope).await?;
     Ok(r.batches.first().and_then(|b| {
         let c = b.column(0).as_primitive_opt::<TimestampMicrosecondType>()?;
         (b.num_rows() > 0 && !c.is_null(0)).then(|| c.value(0))
@@ -494,7 +515,7 @@ async fn weekly(
     };
     let files = match produced {
         Ok(files) => files,
-        Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "report_failed", &e),
+        Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "report_failed", &e.to_string()),
     };
     let body = if format == ReportFormat::Csv {
         let want = format!("{}.csv", q.table.as_deref().unwrap_or("teams"));

@@ -103,8 +103,8 @@ pub enum ScheduleError {
     AlreadyDelivered { week: String, when: String, path: PathBuf },
     #[error("no {0}")]
     NotConfigured(&'static str),
-    #[error("{0}")]
-    Report(String),
+    #[error(transparent)]
+    Report(#[from] report::ReportError),
     #[error("{name}: {detail}")]
     Stored { name: String, detail: String },
     #[error("{0}")]
