@@ -28,7 +28,27 @@ use apron_query::QueryEngine;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
 
-use crate::sqlutil::{sql_str, ts};
+use crate::sqlutil::{SqlError, sql_str, ts};
+
+/// Why an import (or a scrape, remote write or OTLP batch, which store through the same
+/// path) stopped. Rows stored before it stay stored; a retry stores nothing twice.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreImportError {
+    #[error(transparent)]
+    Sql(#[from] SqlError),
+    #[error("{0}")]
+    Import(#[from] apron_import::ImportError),
+    #[error("{name}: {detail}")]
+    Input { name: String, detail: String },
+    #[error("encoding the rows: {0}")]
+    Encode(String),
+    #[error("storing: {0}")]
+    Store(String),
+    #[error("creating a spill file in {}: {detail}", dir.display())]
+    Spill { dir: PathBuf, detail: String },
+    #[error("import: {0}")]
+    Pipeline(&'static str),
+}
 
 /// The agent id imported batches are stored under.
 pub const IMPORT_AGENT: &str = "import";
@@ -57,7 +77,7 @@ fn epoch(inputs: &[(String, Vec<u8>)]) -> String {
 }
 
 /// Time already covered for one GPU, as sorted `(start, end]` intervals in µs.
-async fn covered(engine: &QueryEngine, gpu: &str, from: i64, to: i64) -> Result<Vec<(i64, i64)>, String> {
+async fn covered(engine: &QueryEngine, gpu: &str, from: i64, to: i64) -> Result<Vec<(i64, i64)>, StoreImportError> {
     let sql = format!(
         "SELECT time, window_s FROM gpu_samples WHERE gpu_uuid = {} AND time > {} AND time <= {} ORDER BY time",
         sql_str(gpu),
@@ -65,7 +85,7 @@ async fn covered(engine: &QueryEngine, gpu: &str, from: i64, to: i64) -> Result<
         // A window ending up to a day later may still reach back into the range.
         ts(to + 86_400_000_000)
     );
-    let batches = crate::sqlutil::batches(engine, &sql).await.map_err(|e| e.to_string())?;
+    let batches = crate::sqlutil::batches(engine, &sql).await?;
     let mut out = Vec::new();
     for b in &batches {
         let (t, w) =
@@ -105,7 +125,7 @@ pub(crate) async fn store_windows(
     agent: &str,
     epoch: &str,
     sequence: u64,
-) -> Result<Stored, String> {
+) -> Result<Stored, StoreImportError> {
     let mut out = Stored::default();
     let mut coverage: Option<(String, Vec<(i64, i64)>)> = None;
     let mut keep = Vec::with_capacity(rows.len());
@@ -128,8 +148,8 @@ pub(crate) async fn store_windows(
     if keep.is_empty() {
         return Ok(out);
     }
-    let batch = windows_to_batch(&keep).map_err(|e| e.to_string())?;
-    let body = encode_ipc(&batch).map_err(|e| e.to_string())?;
+    let batch = windows_to_batch(&keep).map_err(|e| StoreImportError::Encode(e.to_string()))?;
+    let body = encode_ipc(&batch).map_err(|e| StoreImportError::Encode(e.to_string()))?;
     let (store, agent, epoch) = (store.clone(), agent.to_owned(), epoch.to_owned());
     let n = keep.len();
     let outcome = tokio::task::spawn_blocking(move || {
@@ -137,8 +157,8 @@ pub(crate) async fn store_windows(
         store.ingest_waiting(req, INGEST_PATIENCE)
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| StoreImportError::Store(e.to_string()))?
+    .map_err(|e| StoreImportError::Store(e.to_string()))?;
     if outcome.duplicate {
         out.duplicate = n;
     } else {
@@ -192,7 +212,7 @@ pub async fn run(
     inputs: Vec<(String, Vec<u8>)>,
     options: ImportOptions,
     progress: impl FnMut(String),
-) -> Result<ImportReport, String> {
+) -> Result<ImportReport, StoreImportError> {
     let inputs = inputs.into_iter().map(|(name, bytes)| Input::Bytes { name, bytes }).collect();
     run_inputs(store, engine, inputs, options, None, progress).await
 }
@@ -208,7 +228,7 @@ pub async fn run_inputs(
     options: ImportOptions,
     spill: Option<(PathBuf, usize)>,
     mut progress: impl FnMut(String),
-) -> Result<ImportReport, String> {
+) -> Result<ImportReport, StoreImportError> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(2);
     let reader = tokio::task::spawn_blocking(move || read_inputs(inputs, options, spill, &tx));
     let mut report = ImportReport::default();
@@ -220,7 +240,7 @@ pub async fn run_inputs(
             Msg::Ready { epoch, from, to } => ready = Some((epoch, from, to)),
             Msg::Batch(rows) => {
                 let Some((epoch, from, to)) = &ready else {
-                    return Err("import: rows before the inputs were read".into());
+                    return Err(StoreImportError::Pipeline("rows before the inputs were read"));
                 };
                 let n = rows.len();
                 let s = store_windows(&store, &engine, rows, (*from, *to), IMPORT_AGENT, epoch, sequence).await?;
@@ -233,13 +253,13 @@ pub async fn run_inputs(
             }
         }
     }
-    report.outcome = reader.await.map_err(|e| e.to_string())??;
+    report.outcome = reader.await.map_err(|e| StoreImportError::Store(e.to_string()))??;
     report.epoch = ready.map(|(epoch, ..)| epoch).unwrap_or_default();
     let s = store.clone();
     tokio::task::spawn_blocking(move || s.persist_now())
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| StoreImportError::Store(e.to_string()))?
+        .map_err(|e| StoreImportError::Store(e.to_string()))?;
     Ok(report)
 }
 
@@ -249,14 +269,14 @@ fn read_inputs(
     options: ImportOptions,
     spill: Option<(PathBuf, usize)>,
     tx: &tokio::sync::mpsc::Sender<Msg>,
-) -> Result<ImportOutcome, String> {
+) -> Result<ImportOutcome, StoreImportError> {
     let say = |line: String| {
         let _ = tx.blocking_send(Msg::Progress(line));
     };
-    let mut importer = Importer::new(options).map_err(|e| e.to_string())?;
+    let mut importer = Importer::new(options)?;
     if let Some((dir, max_points)) = spill {
-        let file =
-            tempfile::tempfile_in(&dir).map_err(|e| format!("creating a spill file in {}: {e}", dir.display()))?;
+        let file = tempfile::tempfile_in(&dir)
+            .map_err(|e| StoreImportError::Spill { dir: dir.clone(), detail: e.to_string() })?;
         importer.spill_to(file, max_points);
     }
     let mut epoch = Fnv::new();
@@ -264,33 +284,37 @@ fn read_inputs(
         match input {
             Input::Bytes { name, bytes } => {
                 epoch.whole(&bytes);
-                let format = importer.add(&bytes, None).map_err(|e| format!("{name}: {e}"))?;
+                let format = importer
+                    .add(&bytes, None)
+                    .map_err(|e| StoreImportError::Input { name: name.clone(), detail: e.to_string() })?;
                 say(format!("read {name} ({}, {} bytes)", format.as_str(), bytes.len()));
             }
             Input::File(path) => {
                 let name = path.display().to_string();
-                let io = |e: std::io::Error| format!("{name}: {e}");
+                let io = |e: std::io::Error| StoreImportError::Input { name: name.clone(), detail: e.to_string() };
                 let mut file = std::fs::File::open(&path).map_err(io)?;
                 let len = file.metadata().map_err(io)?.len();
                 let format = detect_file(&mut file, len).map_err(io)?;
                 epoch.input(len);
                 let reader = std::io::BufReader::with_capacity(1 << 20, Hashing { inner: file, fnv: &mut epoch });
-                importer.add_reader(reader, format).map_err(|e| format!("{name}: {e}"))?;
+                importer
+                    .add_reader(reader, format)
+                    .map_err(|e| StoreImportError::Input { name: name.clone(), detail: e.to_string() })?;
                 say(format!("read {name} ({}, {len} bytes)", format.as_str()));
             }
         }
     }
     let (from, to) = importer.time_bounds().map_or((0, 0), |(a, b)| (a.0, b.0));
     if tx.blocking_send(Msg::Ready { epoch: epoch.epoch(), from, to }).is_err() {
-        return Err("import: the storing side stopped".into());
+        return Err(StoreImportError::Pipeline("the storing side stopped"));
     }
     let outcome =
         importer.finish_in_batches(BATCH_ROWS, |rows| tx.blocking_send(Msg::Batch(rows)).map_err(|_| Stop::Closed));
     match outcome {
         Ok(o) => Ok(o),
-        Err(Stop::Import(e)) => Err(e.to_string()),
+        Err(Stop::Import(e)) => Err(e.into()),
         // The storing side's own error is what the caller sees.
-        Err(Stop::Closed) => Err("import: the storing side stopped".into()),
+        Err(Stop::Closed) => Err(StoreImportError::Pipeline("the storing side stopped")),
     }
 }
 

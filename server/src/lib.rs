@@ -100,6 +100,8 @@ pub enum ServerError {
     Cost(String),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("{0}")]
+    Scrape(String),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
@@ -350,7 +352,8 @@ impl Server {
     /// Scrapes these dcgm-exporter endpoints as a source (`[[scrape]]`).
     pub fn with_scrape(mut self, targets: Vec<scrape::ScrapeTarget>) -> Result<Server, ServerError> {
         for t in targets {
-            let s = scrape::Scraper::new(self.store.clone(), self.engine.clone(), t).map_err(ServerError::Cost)?;
+            let s = scrape::Scraper::new(self.store.clone(), self.engine.clone(), t)
+                .map_err(|e| ServerError::Scrape(e.to_string()))?;
             self.scrapers.push(s);
         }
         Ok(self)

@@ -35,6 +35,8 @@ use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use prost::Message;
 use tokio::sync::Mutex;
 
+use crate::import::StoreImportError;
+
 /// The agent id OTLP batches are stored under.
 pub const OTLP_AGENT: &str = "otlp";
 
@@ -191,16 +193,16 @@ async fn export(State(s): State<OtlpState>, request: Request) -> Response {
             )
                 .into_response()
         }
-        Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, "store_failed", &e),
+        Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, "store_failed", &e.to_string()),
     }
 }
 
 /// Turns points into windows with the previous request's last points and stores them.
 /// Returns the rows stored.
-pub async fn ingest(s: &OtlpState, points: Vec<Point>) -> Result<usize, String> {
+pub async fn ingest(s: &OtlpState, points: Vec<Point>) -> Result<usize, StoreImportError> {
     let mut guard = s.last.lock().await;
     let (last, sequence) = &mut *guard;
-    let mut importer = Importer::new(ImportOptions::default()).map_err(|e| e.to_string())?;
+    let mut importer = Importer::new(ImportOptions::default())?;
     let relevant: Vec<&Point> = points.iter().filter(|p| apron_import::mapping(&p.0).is_some()).collect();
     let mut keys: Vec<(String, Labels)> = relevant.iter().map(|p| (p.0.clone(), p.1.clone())).collect();
     keys.sort();
@@ -219,7 +221,7 @@ pub async fn ingest(s: &OtlpState, points: Vec<Point>) -> Result<usize, String> 
             last.insert(key, ((*name).clone(), l.clone(), *t, *v));
         }
     }
-    let outcome = importer.finish().map_err(|e| e.to_string())?;
+    let outcome = importer.finish()?;
     if outcome.windows.is_empty() {
         return Ok(0);
     }

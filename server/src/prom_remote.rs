@@ -185,8 +185,10 @@ pub enum RemoteError {
     BadMatcher { name: String, op: &'static str, value: String, detail: String },
     #[error(transparent)]
     Query(#[from] QueryError),
+    #[error("converting the samples failed: {0}")]
+    Convert(#[from] apron_import::ImportError),
     #[error("storing the samples failed: {0}")]
-    Store(String),
+    Store(#[from] crate::import::StoreImportError),
 }
 
 impl RemoteError {
@@ -201,7 +203,7 @@ impl RemoteError {
             | RemoteError::BadMatcher { .. } => StatusCode::BAD_REQUEST,
             RemoteError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RemoteError::Query(e) => StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            RemoteError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RemoteError::Store(_) | RemoteError::Convert(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -216,7 +218,7 @@ impl RemoteError {
             RemoteError::Unsupported(_) => "unsupported_media_type",
             RemoteError::BadMatcher { .. } => "invalid_matcher",
             RemoteError::Query(e) => e.code(),
-            RemoteError::Store(_) => "store_failed",
+            RemoteError::Store(_) | RemoteError::Convert(_) => "store_failed",
         }
     }
 }
@@ -344,7 +346,7 @@ async fn write_request(s: &RemoteState, request: Request) -> Result<usize, Remot
     let req = decode_write(&body, limit)?;
     let points = points(&req);
     let mut buffer = s.buffer.lock().await;
-    let (windows, sequence, undo) = buffer.add(points).map_err(RemoteError::Store)?;
+    let (windows, sequence, undo) = buffer.add(points)?;
     if windows.is_empty() {
         return Ok(0);
     }
@@ -440,7 +442,7 @@ impl WriteBuffer {
     ///
     /// The [`Undo`] puts the GPUs it touched back as they were, for a batch that could
     /// not be stored: Prometheus sends it again, and it must convert again.
-    pub fn add(&mut self, points: Vec<Point>) -> Result<(Vec<GpuWindow>, u64, Undo), String> {
+    pub fn add(&mut self, points: Vec<Point>) -> Result<(Vec<GpuWindow>, u64, Undo), apron_import::ImportError> {
         let mut touched: Vec<String> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
         let mut undo = Undo::default();
@@ -468,7 +470,7 @@ impl WriteBuffer {
                 touched.push(gpu);
             }
         }
-        let mut importer = Importer::new(ImportOptions::default()).map_err(|e| e.to_string())?;
+        let mut importer = Importer::new(ImportOptions::default())?;
         let mut done_before: HashMap<String, i64> = HashMap::new();
         for gpu in touched {
             let Some(g) = self.gpus.get_mut(&gpu) else { continue };
@@ -510,8 +512,7 @@ impl WriteBuffer {
             });
         }
         let windows: Vec<GpuWindow> = importer
-            .finish()
-            .map_err(|e| e.to_string())?
+            .finish()?
             .windows
             .into_iter()
             .filter(|w| done_before.get(w.gpu.gpu_uuid.as_str()).is_none_or(|&d| w.time.0 > d))

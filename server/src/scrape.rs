@@ -66,8 +66,27 @@ pub struct ScrapeReport {
     pub overlapping: usize,
 }
 
+/// A `[[scrape]]` target that cannot be set up, or a scrape that failed (retried at the
+/// next interval).
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("[[scrape]] {url}: {detail}")]
+    Target { url: String, detail: String },
+    #[error("GET {url}: {detail}")]
+    Fetch { url: String, detail: String },
+    #[error("{url}: {source}")]
+    Convert {
+        url: String,
+        #[source]
+        source: apron_import::ImportError,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::import::StoreImportError),
+}
+
 impl Scraper {
-    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, target: ScrapeTarget) -> Result<Scraper, String> {
+    pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, target: ScrapeTarget) -> Result<Scraper, ScrapeError> {
+        let bad = |detail: String| ScrapeError::Target { url: target.url.clone(), detail };
         let interval = target.interval;
         let options = ImportOptions {
             max_gap: Some(interval * 3),
@@ -76,16 +95,16 @@ impl Scraper {
                 .clone()
                 .map(apron_common::ClusterName::new)
                 .transpose()
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| bad(e.to_string()))?,
             host_override: target
                 .host
                 .clone()
                 .map(apron_common::HostName::new)
                 .transpose()
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| bad(e.to_string()))?,
             ..ImportOptions::default()
         };
-        Importer::new(options.clone()).map_err(|e| format!("[[scrape]] {}: {e}", target.url))?;
+        Importer::new(options.clone()).map_err(|e| bad(e.to_string()))?;
         Ok(Scraper {
             store,
             engine,
@@ -98,39 +117,43 @@ impl Scraper {
         })
     }
 
-    async fn fetch(&self) -> Result<(Vec<u8>, Option<Format>), String> {
+    async fn fetch(&self) -> Result<(Vec<u8>, Option<Format>), ScrapeError> {
         let (url, timeout) = (self.target.url.clone(), self.target.timeout);
+        let failed = |url: &str, detail: String| ScrapeError::Fetch { url: url.to_owned(), detail };
+        let task_url = url.clone();
         tokio::task::spawn_blocking(move || {
+            let url = task_url;
             let agent: ureq::Agent =
                 ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into();
             let mut r = agent
                 .get(&url)
                 .header("Accept", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
                 .call()
-                .map_err(|e| format!("GET {url}: {e}"))?;
+                .map_err(|e| failed(&url, e.to_string()))?;
             if !r.status().is_success() {
-                return Err(format!("GET {url}: {}", r.status()));
+                return Err(failed(&url, r.status().to_string()));
             }
             let format =
                 r.headers().get("content-type").and_then(|v| v.to_str().ok()).and_then(Format::from_content_type);
-            let body = r.body_mut().read_to_vec().map_err(|e| format!("GET {url}: {e}"))?;
+            let body = r.body_mut().read_to_vec().map_err(|e| failed(&url, e.to_string()))?;
             Ok((body, format))
         })
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| failed(&url, e.to_string()))?
     }
 
     /// Scrapes now (`at` is the scrape's time) and stores the windows since the previous
     /// scrape.
-    pub async fn scrape_at(&mut self, at: UnixMicros) -> Result<ScrapeReport, String> {
+    pub async fn scrape_at(&mut self, at: UnixMicros) -> Result<ScrapeReport, ScrapeError> {
         let (body, format) = self.fetch().await?;
         let Some((prev, prev_format, prev_at)) = self.previous.replace((body.clone(), format, at)) else {
             return Ok(ScrapeReport::default());
         };
-        let mut importer = Importer::new(self.options.clone()).map_err(|e| e.to_string())?;
-        importer.add_scrape(&prev, prev_format, prev_at).map_err(|e| e.to_string())?;
-        importer.add_scrape(&body, format, at).map_err(|e| format!("{}: {e}", self.target.url))?;
-        let outcome = importer.finish().map_err(|e| e.to_string())?;
+        let convert = |source| ScrapeError::Convert { url: self.target.url.clone(), source };
+        let mut importer = Importer::new(self.options.clone()).map_err(convert)?;
+        importer.add_scrape(&prev, prev_format, prev_at).map_err(convert)?;
+        importer.add_scrape(&body, format, at).map_err(convert)?;
+        let outcome = importer.finish().map_err(convert)?;
         let windows = outcome.windows.len();
         self.sequence += 1;
         let s = crate::import::store_windows(
