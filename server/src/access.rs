@@ -35,16 +35,25 @@ pub enum Role {
     Admin,
 }
 
+/// A role that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    #[error("a role: agent, viewer, admin or team:<name>")]
+    Unknown,
+    #[error("{0}")]
+    Team(String),
+}
+
 impl Role {
     /// Parses `agent`, `viewer`, `admin` or `team:<name>`.
-    pub fn parse(text: &str) -> Result<Role, String> {
+    pub fn parse(text: &str) -> Result<Role, RoleError> {
         match text.trim() {
             "agent" => Ok(Role::Agent),
             "viewer" => Ok(Role::Viewer),
             "admin" => Ok(Role::Admin),
             other => match other.strip_prefix("team:") {
-                Some(name) => TeamName::new(name.trim()).map(Role::Team).map_err(|e| e.to_string()),
-                None => Err("a role: agent, viewer, admin or team:<name>".to_owned()),
+                Some(name) => TeamName::new(name.trim()).map(Role::Team).map_err(|e| RoleError::Team(e.to_string())),
+                None => Err(RoleError::Unknown),
             },
         }
     }

@@ -49,6 +49,7 @@ use axum::routing::post;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int32Type, TimeUnit, TimestampMicrosecondType};
+use datafusion::arrow::error::ArrowError;
 use futures::StreamExt;
 use prost::Message;
 use tokio::sync::Mutex;
@@ -790,14 +791,14 @@ pub fn plan(q: &proto::Query) -> Result<Plan, RemoteError> {
     Ok(Plan { families, columns, matchers, sql: Some(sql) })
 }
 
-fn strings(a: &ArrayRef) -> Result<Vec<Option<String>>, String> {
-    let a = cast(a, &DataType::Utf8).map_err(|e| e.to_string())?;
+fn strings(a: &ArrayRef) -> Result<Vec<Option<String>>, ArrowError> {
+    let a = cast(a, &DataType::Utf8)?;
     let a = a.as_string::<i32>();
     Ok((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i).to_owned()).filter(|s| !s.is_empty())).collect())
 }
 
-fn floats(a: &ArrayRef) -> Result<Vec<Option<f64>>, String> {
-    let a = cast(a, &DataType::Float64).map_err(|e| e.to_string())?;
+fn floats(a: &ArrayRef) -> Result<Vec<Option<f64>>, ArrowError> {
+    let a = cast(a, &DataType::Float64)?;
     let a = a.as_primitive::<Float64Type>();
     Ok((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect())
 }
@@ -847,17 +848,16 @@ pub async fn run_plan(engine: &QueryEngine, plan: &Plan, scope: &Scope) -> Resul
     let Some(sql) = &plan.sql else { return Ok(proto::QueryResult::default()) };
     let result = engine.execute_as(sql, scope).await?;
     let mut series: BTreeMap<Labels, Vec<proto::Sample>> = BTreeMap::new();
-    let internal = |e: String| RemoteError::Query(QueryError::Internal { detail: e });
+    let internal = |e: ArrowError| RemoteError::Query(QueryError::Internal { detail: e.to_string() });
     for b in &result.batches {
-        let time = cast(b.column(0), &DataType::Timestamp(TimeUnit::Microsecond, None))
-            .map_err(|e| internal(e.to_string()))?;
+        let time = cast(b.column(0), &DataType::Timestamp(TimeUnit::Microsecond, None)).map_err(internal)?;
         let time = time.as_primitive::<TimestampMicrosecondType>();
         let mut id: Vec<Vec<Option<String>>> = Vec::new();
         let mut index = None;
         for (i, name) in ID_COLUMNS.iter().enumerate() {
             let col = b.column(i + 1);
             if *name == "gpu_index" {
-                let c = cast(col, &DataType::Int32).map_err(|e| internal(e.to_string()))?;
+                let c = cast(col, &DataType::Int32).map_err(internal)?;
                 let c = c.as_primitive::<Int32Type>();
                 index = Some((0..c.len()).map(|r| (!c.is_null(r)).then(|| c.value(r))).collect::<Vec<_>>());
             } else {
@@ -871,7 +871,7 @@ pub async fn run_plan(engine: &QueryEngine, plan: &Plan, scope: &Scope) -> Resul
             .iter()
             .enumerate()
             .map(|(i, c)| Ok((c.as_str(), floats(b.column(first_value + i))?)))
-            .collect::<Result<_, String>>()
+            .collect::<Result<_, ArrowError>>()
             .map_err(internal)?;
         for r in 0..b.num_rows() {
             let row: Vec<Option<String>> = id.iter().map(|c| c.get(r).cloned().flatten()).collect();

@@ -113,6 +113,21 @@ impl std::fmt::Debug for OtlpTracing {
 /// the spans still buffered. Drop it outside async code — after `Runtime::block_on`
 /// returns, before the runtime itself is dropped — or call `shutdown` through
 /// `spawn_blocking`: it blocks until the last export is done (at most the timeout).
+/// Tracing that could not be set up or flushed.
+#[derive(Debug, thiserror::Error)]
+pub enum TracingError {
+    #[error("tracing {setting}: {detail}")]
+    Setting { setting: String, detail: String },
+    #[error("OTLP/gRPC tracing must be set up inside the Tokio runtime (call it under runtime.enter())")]
+    NoRuntime,
+    #[error("tracing exporter for {endpoint}: {detail}")]
+    Exporter { endpoint: String, detail: String },
+    #[error("a tracing subscriber is already installed: {0}")]
+    AlreadyInstalled(String),
+    #[error("flushing the last spans: {0}")]
+    Flush(String),
+}
+
 #[derive(Debug, Default)]
 pub struct TracingGuard {
     provider: Option<SdkTracerProvider>,
@@ -120,9 +135,9 @@ pub struct TracingGuard {
 
 impl TracingGuard {
     /// Exports what is buffered and stops the exporter.
-    pub fn shutdown(mut self) -> Result<(), String> {
+    pub fn shutdown(mut self) -> Result<(), TracingError> {
         match self.provider.take() {
-            Some(p) => p.shutdown().map_err(|e| format!("flushing the last spans: {e}")),
+            Some(p) => p.shutdown().map_err(|e| TracingError::Flush(e.to_string())),
             None => Ok(()),
         }
     }
@@ -143,10 +158,9 @@ impl Drop for TracingGuard {
 /// (the binary decides: a terminal, no `NO_COLOR`), and, with `otlp`, request
 /// spans exported there. Call it once, inside the Tokio runtime (`runtime.enter()`)
 /// when `otlp` is gRPC: the channel's connection task runs on it.
-pub fn init_tracing(filter: &str, ansi: bool, otlp: Option<&OtlpTracing>) -> Result<TracingGuard, String> {
+pub fn init_tracing(filter: &str, ansi: bool, otlp: Option<&OtlpTracing>) -> Result<TracingGuard, TracingError> {
     let (subscriber, guard) = build(filter, ansi, otlp)?;
-    tracing::subscriber::set_global_default(subscriber)
-        .map_err(|e| format!("a tracing subscriber is already installed: {e}"))?;
+    tracing::subscriber::set_global_default(subscriber).map_err(|e| TracingError::AlreadyInstalled(e.to_string()))?;
     Ok(guard)
 }
 
@@ -160,7 +174,7 @@ pub fn build(
     filter: &str,
     ansi: bool,
     otlp: Option<&OtlpTracing>,
-) -> Result<(impl tracing::Subscriber + Send + Sync + 'static, TracingGuard), String> {
+) -> Result<(impl tracing::Subscriber + Send + Sync + 'static, TracingGuard), TracingError> {
     let logs = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr)
@@ -188,33 +202,32 @@ fn is_in(target: &str, krate: &str) -> bool {
     target.strip_prefix(krate).is_some_and(|rest| rest.is_empty() || rest.starts_with("::") || rest.starts_with('_'))
 }
 
-fn provider(config: &OtlpTracing) -> Result<SdkTracerProvider, String> {
+fn provider(config: &OtlpTracing) -> Result<SdkTracerProvider, TracingError> {
+    let setting = |setting: String, detail: String| TracingError::Setting { setting, detail };
     let endpoint = config.endpoint.trim_end_matches('/');
     if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-        return Err(format!("tracing endpoint {endpoint:?}: an http:// or https:// URL"));
+        return Err(setting(format!("endpoint {endpoint:?}"), "an http:// or https:// URL".into()));
     }
     let timeout = match &config.timeout {
-        Some(t) => humantime::parse_duration(t).map_err(|e| format!("tracing timeout {t:?}: {e}"))?,
+        Some(t) => humantime::parse_duration(t).map_err(|e| setting(format!("timeout {t:?}"), e.to_string()))?,
         None => Duration::from_secs(10),
     };
     if !(0.0..=1.0).contains(&config.sample_ratio) {
-        return Err(format!("tracing sample_ratio {}: between 0 and 1", config.sample_ratio));
+        return Err(setting(format!("sample_ratio {}", config.sample_ratio), "between 0 and 1".into()));
     }
     let mut headers = axum::http::HeaderMap::new();
     for (k, v) in &config.headers {
         let name = axum::http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
-            .map_err(|e| format!("tracing header {k:?}: {e}"))?;
-        let value =
-            axum::http::HeaderValue::from_str(v).map_err(|_| format!("tracing header {k:?}: not a valid value"))?;
+            .map_err(|e| setting(format!("header {k:?}"), e.to_string()))?;
+        let value = axum::http::HeaderValue::from_str(v)
+            .map_err(|_| setting(format!("header {k:?}"), "not a valid value".into()))?;
         headers.insert(name, value);
     }
     let exporter = match config.protocol {
         TraceProtocol::Grpc => {
             // The channel's connection task is spawned on the current runtime.
             if tokio::runtime::Handle::try_current().is_err() {
-                return Err(
-                    "OTLP/gRPC tracing must be set up inside the Tokio runtime (call it under runtime.enter())".into(),
-                );
+                return Err(TracingError::NoRuntime);
             }
             let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
@@ -242,7 +255,7 @@ fn provider(config: &OtlpTracing) -> Result<SdkTracerProvider, String> {
                 .build()
         }
     }
-    .map_err(|e| format!("tracing exporter for {endpoint}: {e}"))?;
+    .map_err(|e| TracingError::Exporter { endpoint: endpoint.to_owned(), detail: e.to_string() })?;
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("apron")
         .with_attribute(opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
@@ -469,7 +482,7 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_with_the_value() {
-        let err = |t: OtlpTracing| build("info", false, Some(&t)).err().unwrap_or_default();
+        let err = |t: OtlpTracing| build("info", false, Some(&t)).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err(OtlpTracing::new("collector:4317")).contains("collector:4317"));
         let mut t = OtlpTracing::new("http://c:4317");
         t.sample_ratio = 2.0;
