@@ -2,8 +2,10 @@
 //! tables and functions, per session: a team's describes its own catalog), and a
 //! `version()` in PostgreSQL's form, which drivers parse on connect (SQLAlchemy, JDBC
 //! and Grafana read the major version from it), the session parameters they read
-//! (`SHOW x`, `current_setting('x')`), and one rewrite of client SQL that DataFusion
-//! cannot plan ([`rewrite_client_sql`]).
+//! (`SHOW x`, `current_setting('x')`), and the rewrites of client SQL that DataFusion
+//! cannot plan as written: Grafana's search-path subquery, on the text
+//! ([`rewrite_client_sql`]); catalog scalar subqueries and PostgreSQL type names in
+//! `information_schema.columns`, on the parsed statement ([`rewrite_catalog_statement`]).
 
 use std::borrow::Cow;
 use std::sync::{Arc, Weak};
