@@ -495,7 +495,9 @@ impl FileConfig {
 
         let mut disabled = Vec::new();
         for name in &self.samplers.disabled {
-            let group: FieldGroup = name.parse().map_err(|e: String| invalid("samplers.disabled", name, e))?;
+            let group: FieldGroup = name
+                .parse()
+                .map_err(|e: crate::sampler::UnknownFieldGroup| invalid("samplers.disabled", name, e.to_string()))?;
             disabled.push(group);
         }
         let mut intervals = BTreeMap::new();

@@ -71,8 +71,9 @@ pub enum AgentError {
     Serve(std::io::Error),
     #[error(transparent)]
     Ship(#[from] ship::ShipError),
+    #[cfg(feature = "otlp")]
     #[error("[otlp]: {0}")]
-    Otlp(String),
+    Otlp(otlp::StartError),
     #[cfg(feature = "kubernetes")]
     #[error("[attribution.kubernetes]: {0}")]
     Kubernetes(#[from] attribution::kube::KubeError),

@@ -99,13 +99,21 @@ impl fmt::Display for FieldGroup {
     }
 }
 
+/// A field group name that is not one of [`FieldGroup::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown field group {0:?}; expected one of {names}", names = FieldGroup::names())]
+pub struct UnknownFieldGroup(pub String);
+
+impl FieldGroup {
+    fn names() -> String {
+        FieldGroup::ALL.iter().map(|g| g.name()).collect::<Vec<_>>().join(", ")
+    }
+}
+
 impl FromStr for FieldGroup {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        FieldGroup::ALL.iter().copied().find(|g| g.name() == s).ok_or_else(|| {
-            let names: Vec<_> = FieldGroup::ALL.iter().map(|g| g.name()).collect();
-            format!("unknown field group {s:?}; expected one of {}", names.join(", "))
-        })
+    type Err = UnknownFieldGroup;
+    fn from_str(s: &str) -> Result<Self, UnknownFieldGroup> {
+        FieldGroup::ALL.iter().copied().find(|g| g.name() == s).ok_or_else(|| UnknownFieldGroup(s.to_owned()))
     }
 }
 

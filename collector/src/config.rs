@@ -101,30 +101,44 @@ impl Default for StoreConfig {
     }
 }
 
+/// A `[storage]` setting that serde accepted but that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreConfigError {
+    #[error("[storage] compaction_memory_bytes and compaction_memory_rows must be positive")]
+    CompactionMemory,
+    #[error("[storage] zstd_level ({0}) must be between 1 and 22")]
+    ZstdLevel(i32),
+    #[error(
+        "[storage.object_store] part_bytes ({part_bytes}) must be at least 5 MiB ({min}): S3 refuses smaller parts",
+        min = crate::storage::MIN_PART_BYTES
+    )]
+    PartBytes { part_bytes: usize },
+    #[error(
+        "[storage] memtable_max_bytes ({memtable}) must be at least twice persist_max_bytes ({persist}): ingest \
+         would stall whenever a full memtable is being persisted"
+    )]
+    MemtableBudget { memtable: u64, persist: u64 },
+}
+
 impl StoreConfig {
     /// Checks what serde cannot: limits that only make sense together.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), StoreConfigError> {
         if self.compaction_memory_bytes == 0 || self.compaction_memory_rows == 0 {
-            return Err("[storage] compaction_memory_bytes and compaction_memory_rows must be positive".into());
+            return Err(StoreConfigError::CompactionMemory);
         }
         if !(1..=22).contains(&self.zstd_level) {
-            return Err(format!("[storage] zstd_level ({}) must be between 1 and 22", self.zstd_level));
+            return Err(StoreConfigError::ZstdLevel(self.zstd_level));
         }
         if let Some(o) = &self.object_store
             && o.part_bytes < crate::storage::MIN_PART_BYTES
         {
-            return Err(format!(
-                "[storage.object_store] part_bytes ({}) must be at least 5 MiB ({}): S3 refuses smaller parts",
-                o.part_bytes,
-                crate::storage::MIN_PART_BYTES
-            ));
+            return Err(StoreConfigError::PartBytes { part_bytes: o.part_bytes });
         }
         if self.memtable_max_bytes < self.persist_max_bytes.saturating_mul(2) {
-            return Err(format!(
-                "[storage] memtable_max_bytes ({}) must be at least twice persist_max_bytes ({}): ingest would \
-                 stall whenever a full memtable is being persisted",
-                self.memtable_max_bytes, self.persist_max_bytes
-            ));
+            return Err(StoreConfigError::MemtableBudget {
+                memtable: self.memtable_max_bytes,
+                persist: self.persist_max_bytes,
+            });
         }
         Ok(())
     }
@@ -166,7 +180,7 @@ mod tests {
         };
         assert_eq!(with(16 << 20).validate(), Ok(()));
         assert_eq!(crate::storage::ObjectStoreConfig::default().part_bytes, 16 << 20);
-        let err = with(1 << 20).validate().expect_err("too small");
+        let err = with(1 << 20).validate().expect_err("too small").to_string();
         assert!(err.contains("part_bytes (1048576) must be at least 5 MiB"), "{err}");
     }
 
@@ -177,7 +191,7 @@ mod tests {
             assert_eq!(with(ok).validate(), Ok(()), "{ok}");
         }
         for bad in [0, -1, 23] {
-            let err = with(bad).validate().expect_err("out of range");
+            let err = with(bad).validate().expect_err("out of range").to_string();
             assert!(err.contains(&format!("zstd_level ({bad}) must be between 1 and 22")), "{err}");
         }
     }

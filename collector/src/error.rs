@@ -99,6 +99,9 @@ impl IngestError {
                 IngestError::TooManyRows { rows: usize::try_from(rows).unwrap_or(usize::MAX), max: max as usize }
             }
             FramingError::TooLarge { bytes, max } => IngestError::TooLarge { bytes, max },
+            e @ (FramingError::NoFields | FramingError::UnsupportedColumn { .. }) => {
+                IngestError::Malformed(e.to_string())
+            }
         }
     }
 
@@ -122,7 +125,7 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] crate::config::StoreConfigError),
     #[error("data directory {0} is in use by another process")]
     Locked(PathBuf),
     #[error(transparent)]

@@ -29,6 +29,10 @@ pub enum FramingError {
     TooManyRows { rows: u64, max: u64 },
     #[error("the stream would decode to {bytes} bytes; at most {max} are accepted per request")]
     TooLarge { bytes: u64, max: u64 },
+    #[error("the schema message has no field list")]
+    NoFields,
+    #[error("column {index} ({name:?}) declares a type no wire schema uses ({kind})")]
+    UnsupportedColumn { index: usize, name: String, kind: String },
 }
 
 /// Checks every message of the IPC stream `body` (see the module docs).
@@ -64,7 +68,7 @@ pub fn check(body: &[u8], max_rows: u64, max_decoded_bytes: u64) -> Result<(), F
         at += body_len;
 
         if let Some(schema) = message.header_as_schema() {
-            check_schema(schema).map_err(bad)?;
+            check_schema(schema)?;
         }
         let batch = match message.header_type() {
             MessageHeader::RecordBatch => message.header_as_record_batch(),
@@ -106,8 +110,8 @@ pub fn check(body: &[u8], max_rows: u64, max_decoded_bytes: u64) -> Result<(), F
 
 /// Only flat columns of the types the wire schemas are made of (Utf8, Boolean, signed
 /// or unsigned integers, floats, timestamps), with their parameters present and valid.
-fn check_schema(schema: arrow_ipc::Schema<'_>) -> Result<(), String> {
-    let fields = schema.fields().ok_or("the schema message has no field list")?;
+fn check_schema(schema: arrow_ipc::Schema<'_>) -> Result<(), FramingError> {
+    let fields = schema.fields().ok_or(FramingError::NoFields)?;
     for (i, f) in fields.iter().enumerate() {
         let supported = f.dictionary().is_none()
             && f.children().is_none_or(|c| c.is_empty())
@@ -127,8 +131,11 @@ fn check_schema(schema: arrow_ipc::Schema<'_>) -> Result<(), String> {
                 _ => false,
             };
         if !supported {
-            let name = f.name().unwrap_or_default();
-            return Err(format!("column {i} ({name:?}) declares a type no wire schema uses ({:?})", f.type_type()));
+            return Err(FramingError::UnsupportedColumn {
+                index: i,
+                name: f.name().unwrap_or_default().to_owned(),
+                kind: format!("{:?}", f.type_type()),
+            });
         }
     }
     Ok(())

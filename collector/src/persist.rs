@@ -192,7 +192,8 @@ pub fn writer_properties(table: Table, options: &PersistOptions) -> Result<Write
         let i = schema.index_of(name).map_err(|e| ParquetError::General(e.to_string()))?;
         i32::try_from(i).map_err(|e| ParquetError::General(e.to_string()))
     };
-    let sorting = ["gpu_uuid", table.time_column()]
+    let sorting = table
+        .sort_order()
         .iter()
         .map(|c| Ok(SortingColumn { column_idx: index(c)?, descending: false, nulls_first: false }))
         .collect::<Result<Vec<_>, ParquetError>>()?;

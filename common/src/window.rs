@@ -122,7 +122,7 @@ impl GpuWindow {
 }
 
 /// What holds a GPU: the `owner_kind` column of `gpu_samples`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HolderKind {
     /// A Kubernetes pod (the kubelet's pod-resources assigns the device to it).

@@ -81,6 +81,16 @@ impl Table {
         }
     }
 
+    /// The order of rows inside each stored file (all ascending): by GPU, then time, so
+    /// that a GPU's history is contiguous and its time column sorted.
+    pub const fn sort_order(self) -> &'static [&'static str] {
+        match self {
+            Table::GpuSamples | Table::GpuProcesses | Table::GpuSamples1m => &["gpu_uuid", "time"],
+            Table::Allocations => &["gpu_uuid", "start_time"],
+            Table::GpuCostHourly => &["gpu_uuid", "hour"],
+        }
+    }
+
     /// The schema batches of this table are written in: for shipped tables what agents
     /// send (measurements as Float64, stored exactly by the collector); for derived
     /// ones what the server writes, converted the same way.

@@ -136,6 +136,95 @@ impl Default for ClassifyConfig {
     }
 }
 
+/// A window's activity signal that the idle rule reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// The window's maximum SM activity (DCGM's `SM_ACTIVE`, or GPM), ratio 0–1.
+    SmActiveMax,
+    /// The window's maximum NVML utilisation (a coarser, sampled signal), ratio 0–1.
+    GpuUtilMax,
+}
+
+impl Signal {
+    /// The `gpu_samples` column that carries the signal.
+    pub const fn column(self) -> &'static str {
+        match self {
+            Signal::SmActiveMax => "sm_active_max",
+            Signal::GpuUtilMax => "gpu_util_max",
+        }
+    }
+
+    fn of(self, w: &Window) -> Option<f64> {
+        match self {
+            Signal::SmActiveMax => w.sm_active_max,
+            Signal::GpuUtilMax => w.gpu_util_max,
+        }
+    }
+}
+
+/// How a signal compares with its threshold when the window is idle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmp {
+    Below,
+    AtMost,
+}
+
+/// One step of the idle rule: idle when `signal` `cmp` `threshold`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IdleTest {
+    pub signal: Signal,
+    pub cmp: Cmp,
+    pub threshold: f64,
+}
+
+impl IdleTest {
+    pub fn holds(&self, v: f64) -> bool {
+        match self.cmp {
+            Cmp::Below => v < self.threshold,
+            Cmp::AtMost => v <= self.threshold,
+        }
+    }
+}
+
+impl ClassifyConfig {
+    /// The idle rule, the one definition behind [`window_is_idle`] and
+    /// [`ClassifyConfig::idle_sql`]: the first test whose signal the window has decides;
+    /// a window with neither signal is unknown.
+    pub fn idle_rule(&self) -> [IdleTest; 2] {
+        [
+            IdleTest { signal: Signal::SmActiveMax, cmp: Cmp::Below, threshold: self.idle_sm_active_max },
+            IdleTest { signal: Signal::GpuUtilMax, cmp: Cmp::AtMost, threshold: self.idle_gpu_util_max },
+        ]
+    }
+
+    /// The idle rule as an SQL expression over a `gpu_samples` row: true (idle), false
+    /// (busy) or NULL (no signal), generated from [`ClassifyConfig::idle_rule`]. Stored
+    /// signals are never NaN, so `IS NOT NULL` is the classifier's "finite".
+    pub fn idle_sql(&self) -> String {
+        let arms: Vec<String> = self
+            .idle_rule()
+            .iter()
+            .map(|t| {
+                let (c, op) = (t.signal.column(), if t.cmp == Cmp::Below { "<" } else { "<=" });
+                format!("WHEN {c} IS NOT NULL THEN CAST({c} AS DOUBLE) {op} {}", sql_number(t.threshold))
+            })
+            .collect();
+        format!("(CASE {} END)", arms.join(" "))
+    }
+}
+
+/// A threshold as an SQL literal (a non-finite one, which no sane config holds, compares
+/// like the classifier's: NaN never holds, ±∞ bound nothing).
+fn sql_number(v: f64) -> String {
+    if v.is_nan() {
+        "CAST('NaN' AS DOUBLE)".to_owned()
+    } else if v.is_infinite() {
+        format!("CAST('{}inf' AS DOUBLE)", if v < 0.0 { "-" } else { "" })
+    } else {
+        format!("{v}")
+    }
+}
+
 pub(crate) fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(serde::de::Error::custom)
@@ -367,12 +456,10 @@ fn finite(v: Option<f64>) -> Option<f64> {
 }
 
 fn observe(w: &Window, cfg: &ClassifyConfig) -> Obs {
-    let busy = match (finite(w.sm_active_max), finite(w.gpu_util_max)) {
-        (Some(sm), _) => sm >= cfg.idle_sm_active_max,
-        (None, Some(u)) => u > cfg.idle_gpu_util_max,
-        (None, None) => return Obs::Unknown,
+    let Some(idle) = cfg.idle_rule().iter().find_map(|t| finite(t.signal.of(w)).map(|v| t.holds(v))) else {
+        return Obs::Unknown;
     };
-    if !busy {
+    if idle {
         return Obs::Idle;
     }
     let underused = finite(w.sm_active_mean).is_some_and(|m| m < cfg.underused_sm_active_mean);

@@ -19,8 +19,10 @@
 //!   per-cluster overrides, `effective_from`, MIG slices by n/7), lookups with the next
 //!   change boundary, the price table, and the SkyPilot catalog import.
 //! - [`team`]: team resolution in the design brief's order, workload kind and
-//!   interruptible rules.
-//! - [`classify`]: every second into exactly one of active, allocated idle, stranded,
+//!   interruptible rules; [`owner`]: who holds a GPU (the windows' holder, a static map
+//!   entry, a mapped user's process) as one [`Owner`] type, resolved to a team.
+//! - [`classify`]: the idle rule (one definition, also generated as SQL for the
+//!   evaluators' queries), every second into exactly one of active, allocated idle, stranded,
 //!   unallocated idle, unallocated busy, unknown (+ under-used ⊂ active), per hour and
 //!   team; the incremental-recompute contract ([`classify::recompute_plan`]).
 //! - [`runs`]: allocation runs (one holder, no break longer than a window) → the
@@ -34,7 +36,8 @@
 //! - [`alert`]: live per-GPU run tracking, the alert conditions (stranded allocation,
 //!   zombie memory, unallocated busy, GPU lost, XID), exemptions and the lifecycle.
 //! - [`recommend`]: reclaim, right-size, pack, downsize, spot and rebalance-quota
-//!   recommendations with savings and confidence; [`mig`] (profiles, smallest fit),
+//!   recommendations with savings and confidence; [`mig`] (profiles, smallest fit, a
+//!   parent's free capacity),
 //!   [`pack`] (2-D first-fit decreasing) and [`replay`] (what-if replay) serve it.
 //!
 //! Every module has its own `thiserror` error enum; nothing here panics on input.
@@ -44,6 +47,7 @@ pub mod classify;
 pub mod cost;
 pub mod mig;
 pub mod money;
+pub mod owner;
 pub mod pack;
 pub mod pricebook;
 pub mod recommend;
@@ -59,6 +63,7 @@ pub use classify::{
 };
 pub use cost::{CostRow, HourMoney, hourly_cost, interval_cost, price_segments};
 pub use money::{Cents, Micros, Ratio};
+pub use owner::{Owner, OwnerKind, PROCESS_SAMPLE_REACH_US, ProcessUsers, Resolved};
 pub use pricebook::{GpuKey, Lookup, PriceBook, PriceKind, Quote, Unpriced};
 pub use report::{HourlyRow, IsoWeek, ReportInput, ShareUnallocated, StrandedFact, WeeklyReport};
 pub use runs::{Run, contiguous, holder_runs};

@@ -101,6 +101,22 @@ pub fn smallest_fitting(profiles: &'static [MigProfile], sm: f64, mem_bytes: i64
         .copied()
 }
 
+/// The compute slices of a MIG parent that none of its instances holds: 7 − Σ the
+/// instances' slices (by [`crate::pricebook::mig_slices`]; a profile it cannot read holds
+/// none), never below 0. The parent's unallocated capacity is priced at `free/7` of its
+/// price, through [`unallocated_profile`].
+pub fn free_slices<'a>(instance_profiles: impl IntoIterator<Item = Option<&'a str>>) -> u8 {
+    let used: u32 =
+        instance_profiles.into_iter().map(|p| u32::from(p.and_then(crate::pricebook::mig_slices).unwrap_or(0))).sum();
+    u8::try_from(7u32.saturating_sub(used)).unwrap_or(0)
+}
+
+/// The profile under which a parent's `free` unheld slices are priced: the price book
+/// reads `<n>g.` as n/7 of the parent's price.
+pub fn unallocated_profile(free: u8) -> String {
+    format!("{free}g.unallocated")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +144,25 @@ mod tests {
         assert_eq!(smallest_fitting(GB80, 0.50, 30 * GB).map(|p| p.name), Some("4g.40gb"));
         assert_eq!(smallest_fitting(GB80, 0.9, GB).map(|p| p.name), Some("7g.80gb"));
         assert_eq!(smallest_fitting(A100_40GB, 0.1, 41 * GB), None);
+    }
+    #[test]
+    fn free_capacity_is_seven_minus_the_instances_slices() {
+        // 3g.40gb + 2g.20gb + 1g.10gb hold 6 of 7 slices: one is free.
+        assert_eq!(free_slices([Some("3g.40gb"), Some("2g.20gb"), Some("1g.10gb")]), 1);
+        // `1c.3g.40gb` is a compute instance holding one slice; an unknown profile holds none.
+        assert_eq!(free_slices([Some("1c.3g.40gb"), None, Some("gibberish")]), 6);
+        assert_eq!(free_slices([Some("7g.80gb"), Some("1g.10gb")]), 0, "never below zero");
+        assert_eq!(free_slices([]), 7);
+        // The book prices `2g.unallocated` at 2/7 of the parent: $7.00/h → $2.00/h.
+        let book = crate::PriceBook::from_toml(
+            "version = \"t\"\n[[price]]\nmodel = \"H100\"\nkind = \"on_demand\"\nusd_per_gpu_hour = \"7.00\"\n",
+        )
+        .expect("book");
+        let profile = unallocated_profile(2);
+        let key = crate::GpuKey { model_name: "NVIDIA H100 80GB HBM3", mig_profile: Some(&profile), cluster: None };
+        match book.price_at(&key, 0).expect("lookup") {
+            crate::Lookup::Priced(q) => assert_eq!(q.usd_per_gpu_hour.to_string(), "2.000000"),
+            other => panic!("not priced: {other:?}"),
+        }
     }
 }

@@ -225,6 +225,37 @@ fn mixed<'a>(values: impl Iterator<Item = &'a str>) -> String {
 
 /// The rules over a window of `window_us` ending at `end_us`. Pack and right-size come back
 /// with a [`Proposal`] and no savings yet: run [`finish`] with their replay.
+/// What the rules share while planning: the inputs, the GPUs earlier rules took, and
+/// the recommendations so far.
+struct Planner<'a> {
+    allocs: &'a [AllocationUse],
+    pending: &'a [Pending],
+    cfg: &'a RecommendConfig,
+    window_us: i64,
+    /// GPUs held for less than this are too short-lived to judge.
+    min_held: i64,
+    /// (allocation, GPU) pairs a rule already recommended on.
+    taken: BTreeSet<(usize, usize)>,
+    out: Vec<Recommendation>,
+}
+
+/// One recommendation kind: adds its recommendations to the planner.
+type Rule = fn(&mut Planner<'_>) -> Result<(), MoneyError>;
+
+/// Every recommendation kind, in the order they claim GPUs: a GPU that `reclaim` or
+/// `right-size` recommends on is not also packed or downsized, and a packed one is not
+/// downsized (`spot` and `rebalance-quota` look at every allocation). The one list a
+/// new kind is added to (`docs/architecture.md`, "How to add a recommendation kind").
+const RULES: &[(&str, Rule)] = &[
+    ("reclaim", reclaim),
+    ("right-size", right_size),
+    ("pack", pack),
+    ("downsize", downsize),
+    ("spot", spot),
+    ("rebalance-quota", rebalance_quota),
+];
+
+/// The recommendations of a window: each rule of [`RULES`] in turn.
 pub fn plan(
     allocs: &[AllocationUse],
     pending: &[Pending],
@@ -235,9 +266,15 @@ pub fn plan(
     // (less history than the window) still gets recommendations.
     let longest = allocs.iter().flat_map(|a| a.gpus.iter().map(|g| g.held_us)).max().unwrap_or(0);
     let min_held = (longest.min(window_us) as f64 * cfg.min_held_fraction) as i64;
-    let mut out = Vec::new();
-    let mut taken: BTreeSet<(usize, usize)> = BTreeSet::new();
-    let base = |a: &AllocationUse, kind: &'static str, gpus: &[&GpuUse]| Recommendation {
+    let mut p = Planner { allocs, pending, cfg, window_us, min_held, taken: BTreeSet::new(), out: Vec::new() };
+    for (_, rule) in RULES {
+        rule(&mut p)?;
+    }
+    Ok(p.out)
+}
+
+fn base(a: &AllocationUse, kind: &'static str, gpus: &[&GpuUse]) -> Recommendation {
+    Recommendation {
         id: rec_id(kind, &gpus.iter().map(|g| g.gpu_uuid.as_str()).chain([a.owner.as_str()]).collect::<Vec<_>>()),
         kind,
         team: a.team.clone(),
@@ -257,9 +294,12 @@ pub fn plan(
         evidence: BTreeMap::new(),
         replay: None,
         proposal: None,
-    };
+    }
+}
 
-    // reclaim, then right-size, per allocation.
+/// `reclaim`: an allocation idle most of its known time.
+fn reclaim(p: &mut Planner<'_>) -> Result<(), MoneyError> {
+    let (allocs, cfg, min_held, window_us) = (p.allocs, p.cfg, p.min_held, p.window_us);
     for (ai, a) in allocs.iter().enumerate() {
         let gpus: Vec<&GpuUse> = a.gpus.iter().filter(|g| g.held_us >= min_held).collect();
         if gpus.is_empty() {
@@ -273,9 +313,9 @@ pub fn plan(
             let mut r = base(a, "reclaim", &gpus);
             let mut saved = Micros::ZERO;
             for g in &gpus {
-                if let Some(p) = &g.price {
+                if let Some(price) = &g.price {
                     saved = saved
-                        .checked_add(cost_of_duration(p.per_hour, g.idle_us)?)
+                        .checked_add(cost_of_duration(price.per_hour, g.idle_us)?)
                         .ok_or(MoneyError::Overflow("reclaim"))?;
                 }
             }
@@ -292,11 +332,28 @@ pub fn plan(
             );
             r.evidence = figures(&gpus, held, known, idle);
             for g in &gpus {
-                taken.insert((ai, a.gpus.iter().position(|x| x.gpu_uuid == g.gpu_uuid).unwrap_or(0)));
+                p.taken.insert((ai, a.gpus.iter().position(|x| x.gpu_uuid == g.gpu_uuid).unwrap_or(0)));
             }
-            out.push(r);
+            p.out.push(r);
+        }
+    }
+    Ok(())
+}
+
+/// `right-size`: a multi-GPU job that left some of its GPUs idle.
+fn right_size(p: &mut Planner<'_>) -> Result<(), MoneyError> {
+    let (allocs, cfg, min_held) = (p.allocs, p.cfg, p.min_held);
+    for (ai, a) in allocs.iter().enumerate() {
+        // An allocation reclaimed whole is not also right-sized.
+        if (0..a.gpus.len()).any(|gi| p.taken.contains(&(ai, gi))) {
             continue;
         }
+        let gpus: Vec<&GpuUse> = a.gpus.iter().filter(|g| g.held_us >= min_held).collect();
+        if gpus.is_empty() {
+            continue;
+        }
+        let (held, known, idle) =
+            gpus.iter().fold((0, 0, 0), |s, g| (s.0 + g.held_us, s.1 + g.known_us, s.2 + g.idle_us));
         if gpus.len() >= 2 {
             let unused: Vec<&GpuUse> = gpus
                 .iter()
@@ -320,20 +377,26 @@ pub fn plan(
                 r.evidence.insert("keep".into(), json!(keep));
                 r.proposal = Some(Proposal::RightSize { alloc: ai, keep });
                 for (gi, _) in a.gpus.iter().enumerate() {
-                    taken.insert((ai, gi));
+                    p.taken.insert((ai, gi));
                 }
-                out.push(r);
+                p.out.push(r);
             }
         }
     }
 
-    // pack and downsize: single-GPU workloads that fit a slice.
-    // (cluster, host, GPU class) → (allocation, GPU, slice) candidates.
-    type Group = (Option<String>, String, &'static str);
+    Ok(())
+}
+
+/// (cluster, host, GPU class) → the single-GPU workloads not yet taken whose p95 SM and
+/// memory fit a MIG slice smaller than the whole GPU: (allocation, GPU, slice).
+type Group = (Option<String>, String, &'static str);
+
+fn slice_candidates(p: &Planner<'_>) -> BTreeMap<Group, Vec<(usize, usize, MigProfile)>> {
+    let (allocs, min_held) = (p.allocs, p.min_held);
     let mut groups: BTreeMap<Group, Vec<(usize, usize, MigProfile)>> = BTreeMap::new();
     for (ai, a) in allocs.iter().enumerate() {
         let live: Vec<usize> = (0..a.gpus.len()).filter(|&gi| a.gpus[gi].held_us >= min_held).collect();
-        if live.len() != 1 || taken.contains(&(ai, live[0])) {
+        if live.len() != 1 || p.taken.contains(&(ai, live[0])) {
             continue;
         }
         let g = &a.gpus[live[0]];
@@ -349,6 +412,14 @@ pub fn plan(
         let class = profiles.last().map_or("", |p| p.name);
         groups.entry((g.cluster.clone(), g.host.clone(), class)).or_default().push((ai, live[0], slice));
     }
+    groups
+}
+
+/// `pack`: single-GPU workloads of one host and GPU class that fit onto fewer GPUs as
+/// MIG slices (first-fit decreasing).
+fn pack(p: &mut Planner<'_>) -> Result<(), MoneyError> {
+    let allocs = p.allocs;
+    let groups = slice_candidates(p);
     for ((_, host, _), members) in &groups {
         let items: Vec<Item> = members.iter().map(|(_, _, s)| Item { compute: s.compute, memory: s.memory }).collect();
         let bins = pack::first_fit_decreasing(&items, pack::CAPACITY);
@@ -387,14 +458,21 @@ pub fn plan(
                 bins,
             });
             for (ai, gi, _) in members {
-                taken.insert((*ai, *gi));
+                p.taken.insert((*ai, *gi));
             }
-            out.push(r);
+            p.out.push(r);
         }
     }
+    Ok(())
+}
+
+/// `downsize`: a light single-GPU workload on a large card that a slice would hold.
+fn downsize(p: &mut Planner<'_>) -> Result<(), MoneyError> {
+    let (allocs, cfg, window_us) = (p.allocs, p.cfg, p.window_us);
+    let groups = slice_candidates(p);
     for members in groups.values() {
         for &(ai, gi, slice) in members {
-            if taken.contains(&(ai, gi)) {
+            if p.taken.contains(&(ai, gi)) {
                 continue;
             }
             let (a, g) = (&allocs[ai], &allocs[ai].gpus[gi]);
@@ -406,9 +484,9 @@ pub fn plan(
                 continue;
             }
             let mut r = base(a, "downsize", &[g]);
-            if let Some(p) = &g.price {
+            if let Some(price) = &g.price {
                 let share = Ratio::new(i128::from(7 - slice.compute), 7).unwrap_or(Ratio::ZERO);
-                let rate = p.per_hour.to_ratio().checked_mul(share).and_then(Ratio::to_micros);
+                let rate = price.per_hour.to_ratio().checked_mul(share).and_then(Ratio::to_micros);
                 let rate = rate.ok_or(MoneyError::Overflow("downsize"))?;
                 r.set_savings(cost_of_duration(rate, g.held_us)?, window_us)?;
             }
@@ -424,23 +502,29 @@ pub fn plan(
             );
             r.evidence = figures(&[g], g.held_us, g.known_us, g.idle_us);
             r.evidence.insert("mig_profile".into(), json!(slice.name));
-            out.push(r);
+            p.out.push(r);
         }
     }
 
-    // spot: interruptible work on on-demand rates.
+    Ok(())
+}
+
+/// `spot`: interruptible work on on-demand rates where the book has a spot price.
+fn spot(p: &mut Planner<'_>) -> Result<(), MoneyError> {
+    let (allocs, min_held, window_us) = (p.allocs, p.min_held, p.window_us);
     for a in allocs.iter().filter(|a| a.interruptible) {
         let gpus: Vec<&GpuUse> = a.gpus.iter().filter(|g| g.held_us >= min_held).collect();
         let mut saved = Micros::ZERO;
         let mut rates = Vec::new();
         for g in &gpus {
-            let Some(p) = &g.price else { continue };
-            let Some(spot) = p.spot_per_hour.filter(|s| p.kind == PriceKind::OnDemand && *s < p.per_hour) else {
+            let Some(price) = &g.price else { continue };
+            let Some(spot) = price.spot_per_hour.filter(|s| price.kind == PriceKind::OnDemand && *s < price.per_hour)
+            else {
                 continue;
             };
-            let diff = p.per_hour.checked_sub(spot).ok_or(MoneyError::Overflow("spot"))?;
+            let diff = price.per_hour.checked_sub(spot).ok_or(MoneyError::Overflow("spot"))?;
             saved = saved.checked_add(cost_of_duration(diff, g.held_us)?).ok_or(MoneyError::Overflow("spot"))?;
-            rates.push(json!({"gpu_uuid": g.gpu_uuid, "on_demand_usd_per_hour": p.per_hour.to_string(), "spot_usd_per_hour": spot.to_string()}));
+            rates.push(json!({"gpu_uuid": g.gpu_uuid, "on_demand_usd_per_hour": price.per_hour.to_string(), "spot_usd_per_hour": spot.to_string()}));
         }
         if rates.is_empty() {
             continue;
@@ -454,10 +538,15 @@ pub fn plan(
             format!("{} {} is interruptible and runs at on-demand rates: move it to spot", a.owner_kind, a.owner);
         r.evidence = figures(&gpus, held, known, gpus.iter().map(|g| g.idle_us).sum());
         r.evidence.insert("rates".into(), Value::Array(rates));
-        out.push(r);
+        p.out.push(r);
     }
 
-    // rebalance-quota: chronic stranding next to queued work of another team.
+    Ok(())
+}
+
+/// `rebalance-quota`: a team stranding GPUs while another team's work waits.
+fn rebalance_quota(p: &mut Planner<'_>) -> Result<(), MoneyError> {
+    let (allocs, pending, cfg, min_held, window_us) = (p.allocs, p.pending, p.cfg, p.min_held, p.window_us);
     let mut by_team: BTreeMap<&str, (i64, i64, i64, Vec<&GpuUse>, f64)> = BTreeMap::new();
     for a in allocs {
         for g in a.gpus.iter().filter(|g| g.held_us >= min_held) {
@@ -474,7 +563,7 @@ pub fn plan(
         if stranded_gpus < cfg.rebalance_stranded_fraction {
             continue;
         }
-        let waiting: Vec<&Pending> = pending.iter().filter(|p| p.team != *team && p.gpus > 0).collect();
+        let waiting: Vec<&Pending> = pending.iter().filter(|w| w.team != *team && w.gpus > 0).collect();
         if waiting.is_empty() {
             continue;
         }
@@ -490,9 +579,9 @@ pub fn plan(
         let mut r = base(&a, "rebalance-quota", gpus);
         let mut saved = Micros::ZERO;
         for g in gpus {
-            if let Some(p) = &g.price {
+            if let Some(price) = &g.price {
                 saved = saved
-                    .checked_add(cost_of_duration(p.per_hour, g.idle_us)?)
+                    .checked_add(cost_of_duration(price.per_hour, g.idle_us)?)
                     .ok_or(MoneyError::Overflow("rebalance"))?;
             }
         }
@@ -501,7 +590,7 @@ pub fn plan(
         r.confidence = confidence(*known, *held, *cv);
         r.summary = format!(
             "team {team} left {stranded_gpus:.1} GPUs idle on average while {} waited: move {give} GPU(s) of quota",
-            waiting.iter().map(|p| format!("{} ({} GPUs)", p.team, p.gpus)).collect::<Vec<_>>().join(", ")
+            waiting.iter().map(|w| format!("{} ({} GPUs)", w.team, w.gpus)).collect::<Vec<_>>().join(", ")
         );
         r.evidence = figures(gpus, *held, *known, *idle);
         r.evidence.insert(
@@ -509,13 +598,13 @@ pub fn plan(
             json!(
                 waiting
                     .iter()
-                    .map(|p| json!({"team": p.team, "gpus": p.gpus, "waited_s": p.waited_us / 1_000_000}))
+                    .map(|w| json!({"team": w.team, "gpus": w.gpus, "waited_s": w.waited_us / 1_000_000}))
                     .collect::<Vec<_>>()
             ),
         );
-        out.push(r);
+        p.out.push(r);
     }
-    Ok(out)
+    Ok(())
 }
 
 fn figures(gpus: &[&GpuUse], held: i64, known: i64, idle: i64) -> BTreeMap<String, Value> {

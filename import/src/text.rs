@@ -68,16 +68,21 @@ impl Lines {
             return Ok(());
         }
         parse_sample(line, self.unit, b, &mut self.cache)
-            .map_err(|message| ImportError::Text { line: self.number, message })
+            .map_err(|Syntax(message)| ImportError::Text { line: self.number, message })
     }
 }
+
+/// What is wrong with one line of exposition text (the caller adds the line number).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct Syntax(String);
 
 fn parse_sample(
     line: &str,
     unit: Timestamps,
     b: &mut Builder,
     cache: &mut HashMap<String, SeriesRef>,
-) -> Result<(), String> {
+) -> Result<(), Syntax> {
     let (end, has_labels) = series_end(line)?;
     let text = &line[..end];
     let series = match cache.get(text) {
@@ -92,28 +97,28 @@ fn parse_sample(
     let (value, rest) = token(rest);
     if value.is_empty() || value.starts_with('#') {
         let after = if has_labels { "the labels" } else { "the metric name" };
-        return Err(format!("expected a value after {after}"));
+        return Err(Syntax(format!("expected a value after {after}")));
     }
-    let value = parse_value(value).ok_or_else(|| format!("invalid sample value {value:?}"))?;
+    let value = parse_value(value).ok_or_else(|| Syntax(format!("invalid sample value {value:?}")))?;
     let (ts, rest) = token(rest.trim_start_matches([' ', '\t']));
     let t = if ts.is_empty() || ts.starts_with('#') {
         None
     } else {
         let t = match unit {
             Timestamps::Millis => ts.parse::<i64>().ok().and_then(|ms| ms.checked_mul(1000)).ok_or_else(|| {
-                if seconds_to_micros(ts).is_some() {
+                Syntax(if seconds_to_micros(ts).is_some() {
                     format!(
                         "timestamp {ts:?} is not integer milliseconds (Prometheus text); an OpenMetrics file, whose timestamps are seconds, ends with `# EOF`"
                     )
                 } else {
                     format!("invalid timestamp {ts:?}")
-                }
+                })
             })?,
-            Timestamps::Seconds => seconds_to_micros(ts).ok_or_else(|| format!("invalid timestamp {ts:?}"))?,
+            Timestamps::Seconds => seconds_to_micros(ts).ok_or_else(|| Syntax(format!("invalid timestamp {ts:?}")))?,
         };
         let rest = rest.trim_start_matches([' ', '\t']);
         if !rest.is_empty() && !rest.starts_with('#') {
-            return Err(format!("unexpected text {rest:?} after the timestamp"));
+            return Err(Syntax(format!("unexpected text {rest:?} after the timestamp")));
         }
         Some(t)
     };
@@ -136,7 +141,7 @@ fn is_name_char(c: u8) -> bool {
 }
 
 /// Where the series text (name and label set) ends, and whether it has a label set.
-fn series_end(line: &str) -> Result<(usize, bool), String> {
+fn series_end(line: &str) -> Result<(usize, bool), Syntax> {
     let b = line.as_bytes();
     let mut i = 0;
     match b.first() {
@@ -146,7 +151,12 @@ fn series_end(line: &str) -> Result<(usize, bool), String> {
             }
         }
         Some(b'{') => {}
-        _ => return Err(format!("expected a metric name or `{{`, found {:?}", line.chars().next().unwrap_or(' '))),
+        _ => {
+            return Err(Syntax(format!(
+                "expected a metric name or `{{`, found {:?}",
+                line.chars().next().unwrap_or(' ')
+            )));
+        }
     }
     let mut j = i;
     while matches!(b.get(j), Some(b' ' | b'\t')) {
@@ -171,11 +181,11 @@ fn series_end(line: &str) -> Result<(usize, bool), String> {
             return Ok((k + 1, true));
         }
     }
-    Err("the label set is not closed with `}`".to_owned())
+    Err(Syntax("the label set is not closed with `}`".to_owned()))
 }
 
 /// Parses a series text (cache miss) and resolves it in the builder.
-fn resolve(text: &str, b: &mut Builder) -> Result<SeriesRef, String> {
+fn resolve(text: &str, b: &mut Builder) -> Result<SeriesRef, Syntax> {
     let name_end = text.find(['{', ' ', '\t']).unwrap_or(text.len());
     let mut name: Option<Cow<str>> = (name_end > 0).then(|| Cow::Borrowed(&text[..name_end]));
     let mut labels: Vec<(Cow<str>, Cow<str>)> = Vec::new();
@@ -184,7 +194,7 @@ fn resolve(text: &str, b: &mut Builder) -> Result<SeriesRef, String> {
         let quoted_name = parse_labels(inner, &mut labels)?;
         if let Some(q) = quoted_name {
             if name.is_some() {
-                return Err("a metric name both before and inside the label set".to_owned());
+                return Err(Syntax("a metric name both before and inside the label set".to_owned()));
             }
             name = Some(q);
         }
@@ -198,7 +208,7 @@ fn resolve(text: &str, b: &mut Builder) -> Result<SeriesRef, String> {
 fn parse_labels<'a>(
     s: &'a str,
     labels: &mut Vec<(Cow<'a, str>, Cow<'a, str>)>,
-) -> Result<Option<Cow<'a, str>>, String> {
+) -> Result<Option<Cow<'a, str>>, Syntax> {
     let mut c = Cursor { s, i: 0 };
     let mut name = None;
     loop {
@@ -213,20 +223,22 @@ fn parse_labels<'a>(
             c.i += 1;
             c.skip_ws();
             if c.peek() != Some(b'"') {
-                return Err(format!("expected a quoted value after `{key}=`"));
+                return Err(Syntax(format!("expected a quoted value after `{key}=`")));
             }
             let value = c.quoted()?;
             labels.push((key, value));
         } else if quoted && name.is_none() {
             name = Some(key);
         } else {
-            return Err(format!("expected `=` after the label name {key:?}"));
+            return Err(Syntax(format!("expected `=` after the label name {key:?}")));
         }
         c.skip_ws();
         match c.peek() {
             None => return Ok(name),
             Some(b',') => c.i += 1,
-            Some(other) => return Err(format!("expected `,` or `}}` after a label, found {:?}", char::from(other))),
+            Some(other) => {
+                return Err(Syntax(format!("expected `,` or `}}` after a label, found {:?}", char::from(other))));
+            }
         }
     }
 }
@@ -247,14 +259,14 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn ident(&mut self) -> Result<&'a str, String> {
+    fn ident(&mut self) -> Result<&'a str, Syntax> {
         let start = self.i;
         while self.peek().is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_') {
             self.i += 1;
         }
         if self.i == start || self.s.as_bytes().get(start).is_some_and(u8::is_ascii_digit) {
             let found = self.s.get(start..).and_then(|r| r.chars().next()).unwrap_or(' ');
-            return Err(format!("expected a label name, found {found:?}"));
+            return Err(Syntax(format!("expected a label name, found {found:?}")));
         }
         Ok(&self.s[start..self.i])
     }
@@ -262,7 +274,7 @@ impl<'a> Cursor<'a> {
     /// A double-quoted string starting at the cursor, unescaped. `\\`, `\"` and `\n` are
     /// the escapes both formats define; any other backslash is kept as written (Go's
     /// `strconv.Quote` in `promtool tsdb dump` may write others).
-    fn quoted(&mut self) -> Result<Cow<'a, str>, String> {
+    fn quoted(&mut self) -> Result<Cow<'a, str>, Syntax> {
         let start = self.i + 1;
         let b = self.s.as_bytes();
         let mut k = start;
@@ -281,7 +293,7 @@ impl<'a> Cursor<'a> {
                 _ => k += 1,
             }
         }
-        Err("a label value is not closed with `\"`".to_owned())
+        Err(Syntax("a label value is not closed with `\"`".to_owned()))
     }
 }
 
@@ -355,7 +367,7 @@ mod tests {
 
     type Parsed = (Option<String>, Vec<(String, String)>);
 
-    fn labels_of(inner: &str) -> Result<Parsed, String> {
+    fn labels_of(inner: &str) -> Result<Parsed, Syntax> {
         let mut l = Vec::new();
         let name = parse_labels(inner, &mut l)?;
         Ok((name.map(Cow::into_owned), l.into_iter().map(|(k, v)| (k.into_owned(), v.into_owned())).collect()))
@@ -372,9 +384,9 @@ mod tests {
         assert_eq!(labels_of(r#""my.metric", "a.b"="c""#), Ok((Some("my.metric".into()), vec![pair("a.b", "c")])));
         assert_eq!(labels_of(r#"a="C:\dir""#), Ok((None, vec![pair("a", r"C:\dir")])));
         assert_eq!(labels_of(""), Ok((None, vec![])));
-        assert_eq!(labels_of(r#"a=1"#), Err("expected a quoted value after `a=`".to_owned()));
-        assert_eq!(labels_of(r#"a="1" b="2""#), Err("expected `,` or `}` after a label, found 'b'".to_owned()));
-        assert_eq!(labels_of(r#"1a="x""#), Err("expected a label name, found '1'".to_owned()));
+        assert_eq!(labels_of(r#"a=1"#), Err(Syntax("expected a quoted value after `a=`".to_owned())));
+        assert_eq!(labels_of(r#"a="1" b="2""#), Err(Syntax("expected `,` or `}` after a label, found 'b'".to_owned())));
+        assert_eq!(labels_of(r#"1a="x""#), Err(Syntax("expected a label name, found '1'".to_owned())));
     }
 
     #[test]

@@ -178,6 +178,7 @@ impl QueryEngine {
         let mut tables = Vec::new();
         let mut providers: Vec<(&'static str, Arc<dyn TableProvider>)> = Vec::new();
         for def in TABLES {
+            let Some(table) = def.stored else { continue };
             let Some(schema) = source.schema(def.name) else { continue };
             let provider: Arc<dyn TableProvider> = if def.name == rollup::NAME {
                 // Stored minutes where current, the rest live from gpu_samples.
@@ -186,7 +187,7 @@ impl QueryEngine {
                 };
                 Arc::new(t)
             } else {
-                Arc::new(ApronTable::new(def, schema, source.clone()))
+                Arc::new(ApronTable::new(table, schema, source.clone()))
             };
             ctx.register_table(def.name, provider.clone()).map_err(df_err)?;
             providers.push((def.name, provider));

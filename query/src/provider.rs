@@ -57,7 +57,7 @@ use datafusion::physical_plan::union::UnionExec;
 
 use crate::prune::{KeyRange, TimeRange, key_range, time_range};
 use crate::source::{DataFile, TableSource};
-use crate::tables::TableDef;
+use apron_common::wire::Table;
 
 /// Up to this many files per partition slot, each file gets its own partition, so the
 /// declared sort order holds per partition and DataFusion merges sorted streams instead
@@ -71,14 +71,14 @@ const ASC: SortOptions = SortOptions { descending: false, nulls_first: false };
 
 /// One stored table, read through a [`TableSource`].
 pub struct ApronTable {
-    def: &'static TableDef,
+    table: Table,
     schema: SchemaRef,
     source: Arc<dyn TableSource>,
 }
 
 impl fmt::Debug for ApronTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ApronTable").field("table", &self.def.name).finish()
+        f.debug_struct("ApronTable").field("table", &self.table.name()).finish()
     }
 }
 
@@ -92,15 +92,15 @@ pub struct ScanStats {
 }
 
 impl ApronTable {
-    pub fn new(def: &'static TableDef, schema: SchemaRef, source: Arc<dyn TableSource>) -> ApronTable {
-        ApronTable { def, schema, source }
+    pub fn new(table: Table, schema: SchemaRef, source: Arc<dyn TableSource>) -> ApronTable {
+        ApronTable { table, schema, source }
     }
 
     /// Indices (in the table schema) of the longest prefix of the sort order that is in
     /// `columns` — the ordering a projection can still declare.
     fn sort_prefix(&self, columns: &[usize]) -> Vec<usize> {
-        self.def
-            .sort_order
+        self.table
+            .sort_order()
             .iter()
             .map_while(|name| self.schema.index_of(name).ok().filter(|i| columns.contains(i)))
             .collect()
@@ -257,7 +257,7 @@ impl ApronTable {
             };
             if !range.is_all()
                 && let Some(time) = b
-                    .column_by_name(self.def.time_column)
+                    .column_by_name(self.table.time_column())
                     .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
             {
                 narrow(time.iter().map(|t| Some(t.is_some_and(|t| range.contains(&t)))).collect())?;
@@ -293,7 +293,7 @@ impl ApronTable {
             files.into_iter().partition(|f| f.day.is_none_or(|d| range.overlaps_day(d)));
         stats.files = files.len();
         stats.files_pruned = skipped.len();
-        let time_idx = self.schema.index_of(self.def.time_column).ok();
+        let time_idx = self.schema.index_of(self.table.time_column()).ok();
         let (batches, skipped): (Vec<_>, Vec<_>) = batches.into_iter().filter(|b| b.num_rows() > 0).partition(|b| {
             match time_idx.and_then(|i| time_span(b.column(i))) {
                 Some((lo, hi)) => range.overlaps(&lo, &hi),
@@ -350,10 +350,10 @@ impl TableProvider for ApronTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self.source.snapshot(self.def.name).map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let range = time_range(filters, self.def.time_column);
+        let snapshot = self.source.snapshot(self.table.name()).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let range = time_range(filters, self.table.time_column());
         let (files, batches, stats) = self.prune(snapshot.files, snapshot.batches, range);
-        tracing::debug!(table = self.def.name, ?range, ?stats, "scan");
+        tracing::debug!(table = self.table.name(), ?range, ?stats, "scan");
 
         let mut inputs = Vec::with_capacity(2);
         if !files.is_empty() {

@@ -69,7 +69,6 @@ use serde::{Deserialize, Serialize};
 use crate::provider::ApronTable;
 use crate::prune::{MICROS_PER_DAY, TimeRange, time_range};
 use crate::source::{DataFile, TableSource};
-use crate::tables::table_def;
 
 pub const MINUTE_US: i64 = 60_000_000;
 /// The raw table the rollup reads.
@@ -506,11 +505,11 @@ impl RollupTable {
     /// `None` when the source lacks `gpu_samples` or `gpu_samples_1m`.
     pub fn new(source: Arc<dyn TableSource>, state_path: Option<PathBuf>) -> Result<Option<RollupTable>> {
         let (Some(raw), Some(stored)) = (source.schema(RAW), source.schema(NAME)) else { return Ok(None) };
-        let (Some(raw_def), Some(stored_def)) = (table_def(RAW), table_def(NAME)) else { return Ok(None) };
         let state = SessionStateBuilder::new().with_default_features().build();
         let planner = SessionContext::new_with_state(state);
-        planner.register_table(RAW, Arc::new(ApronTable::new(raw_def, raw, source.clone())))?;
-        planner.register_table(STORED, Arc::new(ApronTable::new(stored_def, stored.clone(), source.clone())))?;
+        planner.register_table(RAW, Arc::new(ApronTable::new(Table::GpuSamples, raw, source.clone())))?;
+        planner
+            .register_table(STORED, Arc::new(ApronTable::new(Table::GpuSamples1m, stored.clone(), source.clone())))?;
         let fields: Vec<ArrowField> = stored.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect();
         Ok(Some(RollupTable { schema: Arc::new(Schema::new(fields)), source, state_path, planner }))
     }

@@ -119,20 +119,10 @@ pub enum Held {
     Minute,
 }
 
-/// The rule of every table the server serves; the one place to add a table's rule.
-pub const RULES: &[(&str, Rule)] = &[
-    ("gpu_samples", Rule::AllocatedIntervals(Held::Window)),
-    ("gpu_processes", Rule::AllocatedIntervals(Held::Process)),
-    ("gpu_samples_1m", Rule::AllocatedIntervals(Held::Minute)),
-    ("allocations", Rule::TeamColumn),
-    ("gpu_cost_hourly", Rule::TeamColumn),
-    ("alerts", Rule::TeamColumn),
-    ("recommendations", Rule::TeamColumn),
-];
-
-/// The rule for `table`; `None`: the table is hidden from scoped sessions.
+/// The rule for `table` ([`crate::tables::TABLES`]); `None`: the table is hidden from
+/// scoped sessions.
 pub fn rule(table: &str) -> Option<Rule> {
-    RULES.iter().find(|(name, _)| *name == table).map(|(_, r)| *r)
+    crate::tables::table_def(table).map(|t| t.scope)
 }
 
 /// `table` as `team` sees it, given the real `allocations` provider (needed by
@@ -423,7 +413,8 @@ mod tests {
     #[test]
     fn the_unscoped_column_names_exist_in_the_contract_schemas() {
         use apron_common::wire::Table;
-        for (name, rule) in RULES {
+        for def in crate::tables::TABLES {
+            let (name, rule) = (def.name, def.scope);
             let Some(t) = Table::from_name(name) else { continue };
             let schema = t.schema();
             let need: &[&str] = match rule {

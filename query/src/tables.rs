@@ -1,32 +1,48 @@
-//! The tables the SQL session serves: the one place to add a table.
+//! The tables the SQL session serves, and how a team sees each: the one list a table
+//! is added to (`docs/architecture.md`, "How to add a table").
 //!
-//! A table is registered when its [`crate::TableSource`] knows it (has a schema), so
-//! listing `gpu_samples_1m`, `allocations` or `gpu_cost_hourly` here is all the query
-//! layer needs once the collector stores them: the provider reads their memtable batches
-//! and `<table>/date=YYYY-MM-DD/*.parquet` files the same way.
+//! A stored table's shape — schema, time column, sort order — is its
+//! [`apron_common::wire::Table`]; it is registered when its [`crate::TableSource`] holds
+//! it, and the provider reads its memtable batches and
+//! `<table>/date=YYYY-MM-DD/*.parquet` files like every other's.
 
-/// How one stored table is laid out, for the scan's tuning.
+use apron_common::wire::Table;
+
+use crate::scope::{Held, Rule};
+
+/// One table of the SQL API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableDef {
     /// The SQL name (the contract's), also the directory under the data dir.
     pub name: &'static str,
-    /// The Timestamp(µs, UTC) column the `date=` day partitions are cut by (UTC day of
-    /// its value).
-    /// A filter on it prunes whole partition directories and memtable batches.
-    pub time_column: &'static str,
-    /// The order rows have inside each Parquet file (all ascending), declared to
-    /// DataFusion so it can skip or shorten sorts and use ordered aggregation.
-    pub sort_order: &'static [&'static str],
+    /// Which rows a team's session sees ([`crate::scope`]).
+    pub scope: Rule,
+    /// The stored table (its schema, time column — the UTC day of which cuts the
+    /// `date=` partitions, and so prunes them — and the sort order of its files);
+    /// `None` for a table the server keeps in memory and registers itself.
+    pub stored: Option<Table>,
 }
 
-/// Every stored table of the SQL API (the derived ones are written by the server's
-/// maintenance, in the same layout).
+impl TableDef {
+    const fn stored(table: Table, scope: Rule) -> TableDef {
+        TableDef { name: table.name(), scope, stored: Some(table) }
+    }
+
+    const fn served(name: &'static str, scope: Rule) -> TableDef {
+        TableDef { name, scope, stored: None }
+    }
+}
+
+/// Every table of the SQL API: the stored ones are registered when the
+/// [`crate::TableSource`] holds them; the server registers the others.
 pub const TABLES: &[TableDef] = &[
-    TableDef { name: "gpu_samples", time_column: "time", sort_order: &["gpu_uuid", "time"] },
-    TableDef { name: "gpu_processes", time_column: "time", sort_order: &["gpu_uuid", "time"] },
-    TableDef { name: "gpu_samples_1m", time_column: "time", sort_order: &["gpu_uuid", "time"] },
-    TableDef { name: "allocations", time_column: "start_time", sort_order: &["gpu_uuid", "start_time"] },
-    TableDef { name: "gpu_cost_hourly", time_column: "hour", sort_order: &["gpu_uuid", "hour"] },
+    TableDef::stored(Table::GpuSamples, Rule::AllocatedIntervals(Held::Window)),
+    TableDef::stored(Table::GpuProcesses, Rule::AllocatedIntervals(Held::Process)),
+    TableDef::stored(Table::GpuSamples1m, Rule::AllocatedIntervals(Held::Minute)),
+    TableDef::stored(Table::Allocations, Rule::TeamColumn),
+    TableDef::stored(Table::GpuCostHourly, Rule::TeamColumn),
+    TableDef::served("alerts", Rule::TeamColumn),
+    TableDef::served("recommendations", Rule::TeamColumn),
 ];
 
 /// The definition of `name`, if it is a table of the SQL API.
@@ -39,11 +55,11 @@ mod tests {
     use apron_collector::Table;
 
     #[test]
-    fn every_stored_table_is_served_with_its_own_time_column() {
+    fn every_stored_table_is_served() {
         for t in Table::ALL {
             let def = super::table_def(t.name()).expect("listed");
-            assert_eq!(def.time_column, t.time_column());
-            assert_eq!(def.sort_order, ["gpu_uuid", t.time_column()]);
+            assert_eq!(def.stored, Some(t));
+            assert_eq!(t.sort_order(), ["gpu_uuid", t.time_column()]);
         }
     }
 }

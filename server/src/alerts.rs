@@ -361,15 +361,15 @@ impl Alerts {
                     let cluster = (!s(4).is_null(r)).then(|| s(4).value(r).to_owned());
                     let model = s(5).value(r);
                     let mig = (!s(7).is_null(r)).then(|| s(7).value(r));
-                    let owner = owner_at(b, 13, r).or_else(|| self.ledger.static_owner(gpu, host));
+                    let owner = owner_at(b, 13, r).or_else(|| self.ledger.teams().static_owner(gpu, host));
                     let holder = owner.map(|o| {
-                        let key = (o.kind.clone(), o.owner.clone(), gpu.to_owned());
+                        let key = (o.kind.as_str().to_owned(), o.owner.clone(), gpu.to_owned());
                         if let Some(h) = st.holders.get(&key) {
                             return h.clone();
                         }
-                        let resolved = self.ledger.resolve(gpu, host, o.clone());
+                        let resolved = self.ledger.teams().resolve(gpu, host, o.clone());
                         let h = Arc::new(HolderFacts {
-                            owner_kind: o.kind.clone(),
+                            owner_kind: o.kind.as_str().to_owned(),
                             owner: o.owner.clone(),
                             team: resolved.team,
                             workload_kind: resolved.workload_kind,
@@ -442,7 +442,7 @@ impl Alerts {
     /// end of the last earlier window (within 7 days) that was busy, signal-less or
     /// someone else's. A gap in the data before the lookback does not end the run here.
     async fn extend_runs(&self, tracker: &mut Tracker) -> Result<(), AlertsError> {
-        let idle = self.ledger.idle_sql();
+        let idle = self.ledger.classify_config().idle_sql();
         let mut seen = std::collections::BTreeSet::new();
         for (gpu, holder, first) in tracker.open_runs() {
             let (kind, owner) =

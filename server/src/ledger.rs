@@ -42,8 +42,10 @@ use std::time::Duration;
 use apron_collector::changes::{ChangeFeed, Changed};
 use apron_collector::{Store, Table};
 use apron_common::UnixMicros;
-use apron_cost::team::AllocationFacts;
-use apron_cost::{ClassifyConfig, GpuKey, Holder, HolderId, PriceBook, TeamConfig, Window};
+use apron_cost::{
+    ClassifyConfig, GpuKey, Holder, HolderId, PROCESS_SAMPLE_REACH_US, PriceBook, ProcessUsers, Resolved, TeamConfig,
+    Window,
+};
 use apron_query::{QueryEngine, TableSource};
 
 use crate::sqlutil::{OWNER_COLUMNS_SQL, Owner, SqlError, gpus_excluded_sql, owner_at, sql_str, strings, ts};
@@ -54,9 +56,6 @@ use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
 use serde::{Deserialize, Serialize};
 
 const DAY_US: i64 = 86_400_000_000;
-/// How far back a process sample still speaks for a window (the agent samples processes
-/// every 5 s by default).
-const PROCESS_SAMPLE_REACH_US: i64 = 10_000_000;
 
 /// `[cost]`: the ledger's settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -155,15 +154,6 @@ pub struct Ledger {
     feed: ChangeFeed,
     /// Asks the running loop for a pass now (e.g. when a backfill has landed).
     kick: tokio::sync::Notify,
-}
-
-/// A resolved holder: its owner, team, kind, whether interruptible.
-#[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    pub(crate) owner: Owner,
-    pub(crate) team: String,
-    pub(crate) workload_kind: Option<String>,
-    pub(crate) interruptible: bool,
 }
 
 /// Where a GPU is and what it is: from its first window in a day's range.
@@ -326,15 +316,9 @@ impl Ledger {
         &self.config.classify
     }
 
-    /// The classifier's idle test of a `gpu_samples` window in SQL (NULL when the window
-    /// has no signal), for the evaluators' queries.
-    pub(crate) fn idle_sql(&self) -> String {
-        let c = &self.config.classify;
-        format!(
-            "(CASE WHEN sm_active_max IS NOT NULL THEN CAST(sm_active_max AS DOUBLE) < {} \
-             WHEN gpu_util_max IS NOT NULL THEN CAST(gpu_util_max AS DOUBLE) <= {} END)",
-            c.idle_sm_active_max, c.idle_gpu_util_max
-        )
+    /// Team maps and rules: who owns what.
+    pub(crate) fn teams(&self) -> &TeamConfig {
+        &self.config.teams
     }
 
     /// The price in force for a GPU (or slice) at `t_us`; `None` when unpriced.
@@ -761,7 +745,7 @@ impl Ledger {
                 let owner = match owner_at(b, 9, r) {
                     Some(o) => Some(o),
                     // Nobody holds it: a static map entry is a dedicated allocation.
-                    None => self.static_owner(uuid, &g.meta.host),
+                    None => self.config.teams.static_owner(uuid, &g.meta.host),
                 };
                 let holder = match owner {
                     None => None,
@@ -769,7 +753,7 @@ impl Ledger {
                         Some(id) => *id,
                         None => {
                             let id = HolderId(g.holders.len());
-                            g.holders.push(self.resolve(uuid, &g.meta.host, o.clone()));
+                            g.holders.push(self.config.teams.resolve(uuid, &g.meta.host, o.clone()));
                             index.insert(o, id);
                             id
                         }
@@ -803,54 +787,32 @@ impl Ledger {
         g: &mut GpuWindows,
         index: &mut BTreeMap<Owner, HolderId>,
     ) -> Result<(), LedgerError> {
-        let users = &self.config.teams.users;
-        if users.is_empty() || g.windows.iter().all(|w| w.holder.is_some()) {
+        if self.config.teams.users.is_empty() || g.windows.iter().all(|w| w.holder.is_some()) {
             return Ok(());
         }
         let batches = self
             .query(&format!(
-                "SELECT time, \"user\" FROM gpu_processes WHERE gpu_uuid = {} AND {range} AND \"user\" IS NOT NULL \
-                 ORDER BY time, \"user\"",
+                "SELECT time, \"user\" FROM gpu_processes WHERE gpu_uuid = {} AND {range} AND \"user\" IS NOT NULL",
                 sql_str(uuid)
             ))
             .await?;
-        // (sample time, user) of mapped users, in time order.
-        let mut samples: Vec<(i64, String)> = Vec::new();
-        for b in &batches {
-            let (t, u) = (b.column(0).as_primitive::<TimestampMicrosecondType>(), b.column(1).as_string::<i32>());
-            for r in 0..b.num_rows() {
-                if users.contains_key(u.value(r)) {
-                    samples.push((t.value(r), u.value(r).to_owned()));
-                }
-            }
-        }
-        if samples.is_empty() {
+        let users = ProcessUsers::new(
+            &self.config.teams,
+            batches.iter().flat_map(|b| {
+                let (t, u) = (b.column(0).as_primitive::<TimestampMicrosecondType>(), b.column(1).as_string::<i32>());
+                (0..b.num_rows()).map(move |r| (t.value(r), u.value(r)))
+            }),
+        );
+        if users.is_empty() {
             return Ok(());
         }
         for w in g.windows.iter_mut().filter(|w| w.holder.is_none()) {
-            // The latest process sample at or before the window's end, if recent: the
-            // process list is sampled every few seconds, not every window.
-            let i = samples.partition_point(|(t, _)| *t <= w.end_us);
-            let Some((t, user)) = i.checked_sub(1).map(|i| &samples[i]) else { continue };
-            if w.end_us - t > PROCESS_SAMPLE_REACH_US {
-                continue;
-            }
-            let owner = Owner {
-                kind: "process".into(),
-                owner: user.clone(),
-                namespace: None,
-                job_id: None,
-                user: Some(user.clone()),
-                account: None,
-                partition: None,
-                qos: None,
-                labels: None,
-            };
+            let Some(owner) = users.owner_at(w.end_us) else { continue };
             w.holder = Some(match index.get(&owner) {
                 Some(id) => *id,
                 None => {
                     let id = HolderId(g.holders.len());
-                    g.holders.push(self.resolve(uuid, &g.meta.host, owner.clone()));
+                    g.holders.push(self.config.teams.resolve(uuid, &g.meta.host, owner.clone()));
                     index.insert(owner, id);
                     id
                 }
@@ -899,12 +861,8 @@ impl Ledger {
         to: i64,
         out: &mut CostRows,
     ) -> Result<(), LedgerError> {
-        let used: u32 = memo.parents.get(parent).map_or(0, |set| {
-            set.iter()
-                .map(|(_, p)| u32::from(p.as_deref().and_then(apron_cost::pricebook::mig_slices).unwrap_or(0)))
-                .sum()
-        });
-        let free = 7u32.saturating_sub(used);
+        let free =
+            apron_cost::mig::free_slices(memo.parents.get(parent).into_iter().flatten().map(|(_, p)| p.as_deref()));
         if free == 0 {
             return Ok(());
         }
@@ -925,46 +883,8 @@ impl Ledger {
             w.gpu_util_max = Some(0.0);
             w.sm_active_mean = Some(0.0);
         }
-        g.meta.mig_profile = Some(format!("{free}g.unallocated"));
+        g.meta.mig_profile = Some(apron_cost::mig::unallocated_profile(free));
         self.cost_rows(parent, &g, from, to, out)
-    }
-
-    pub(crate) fn static_owner(&self, uuid: &str, host: &str) -> Option<Owner> {
-        let teams = &self.config.teams;
-        let team = teams.gpus.get(uuid).or_else(|| teams.hosts.get(host))?;
-        Some(Owner {
-            kind: "static".into(),
-            owner: format!("static:{team}"),
-            namespace: None,
-            job_id: None,
-            user: None,
-            account: None,
-            partition: None,
-            qos: None,
-            labels: None,
-        })
-    }
-
-    pub(crate) fn resolve(&self, uuid: &str, host: &str, owner: Owner) -> Resolved {
-        let labels = owner.label_map();
-        let facts = AllocationFacts {
-            labels,
-            namespace: owner.namespace.clone(),
-            slurm_account: owner.account.clone(),
-            slurm_partition: owner.partition.clone(),
-            slurm_qos: owner.qos.clone(),
-            gpu_uuid: Some(uuid.to_owned()),
-            host: Some(host.to_owned()),
-            unix_user: owner.user.clone(),
-            markers: Vec::new(),
-        };
-        let teams = &self.config.teams;
-        Resolved {
-            team: teams.resolve_team(&facts).team,
-            workload_kind: teams.workload_kind(&facts),
-            interruptible: teams.interruptible(&facts),
-            owner,
-        }
     }
 
     fn cost_rows(&self, uuid: &str, g: &GpuWindows, from: i64, to: i64, out: &mut CostRows) -> Result<(), LedgerError> {
@@ -1036,7 +956,8 @@ impl Ledger {
             let (end, held) = if run.last + 1 < w.len() {
                 (Some(last), last)
             } else {
-                self.run_end_at_list_end(uuid, &resolved.owner.kind, &resolved.owner.owner, last, hi, now_us).await?
+                self.run_end_at_list_end(uuid, resolved.owner.kind.as_str(), &resolved.owner.owner, last, hi, now_us)
+                    .await?
             };
             out.rows.push(AllocRow::new(uuid, g, (start, end, held), resolved));
         }
@@ -1251,17 +1172,12 @@ impl AllocRow {
             host: g.meta.host.clone(),
             start,
             end,
-            owner_kind: h.owner.kind.clone(),
+            owner_kind: h.owner.kind.as_str().to_owned(),
             owner: h.owner.owner.clone(),
             team: h.team.clone(),
             workload_kind: h.workload_kind.clone(),
             interruptible: h.interruptible,
-            source: match h.owner.kind.as_str() {
-                "pod" => "kubernetes",
-                "slurm_job" => "slurm",
-                other => other,
-            }
-            .to_owned(),
+            source: h.owner.kind.source().to_owned(),
             cluster: g.meta.cluster.clone(),
             held_through: end.unwrap_or(held),
         }
@@ -1271,7 +1187,7 @@ impl AllocRow {
     /// row does not keep the owner's labels, so a relabelled holder of the same name
     /// whose team did not change counts as the same).
     fn same_holder(&self, h: &Resolved) -> bool {
-        self.owner_kind == h.owner.kind
+        self.owner_kind == h.owner.kind.as_str()
             && self.owner == h.owner.owner
             && self.team == h.team
             && self.workload_kind == h.workload_kind

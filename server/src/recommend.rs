@@ -160,7 +160,7 @@ impl Recommender {
         // Monthly figures extrapolate from the hours the data covers, not from the
         // window asked for: 24 h of history under a 7 d window is 24 h of evidence.
         let covered_us = self.covered(from_us, to_us).await?.unwrap_or(window_us);
-        let idle = self.ledger.idle_sql();
+        let idle = self.ledger.classify_config().idle_sql();
         let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
         let parents = mig_parent_uuids(&self.engine, &range).await?;
         let filter = Self::base_filter(&range, &parents);
@@ -218,7 +218,7 @@ impl Recommender {
                 let gpu = b.column(0).as_string::<i32>().value(r).to_owned();
                 hosts.insert(gpu.clone(), b.column(1).as_string::<i32>().value(r).to_owned());
                 if let Some(o) = owner_at(b, 2, r) {
-                    owner_rows.insert((gpu, o.kind.clone(), o.owner.clone()), o);
+                    owner_rows.insert((gpu, o.kind.as_str().to_owned(), o.owner.clone()), o);
                 }
             }
         }
@@ -275,10 +275,10 @@ impl Recommender {
                     sm_spread,
                     price,
                 };
-                let entry = allocs.entry((owner.kind.clone(), owner.owner.clone())).or_insert_with(|| {
-                    let resolved = self.ledger.resolve(&gpu, &host, owner.clone());
+                let entry = allocs.entry((owner.kind.as_str().to_owned(), owner.owner.clone())).or_insert_with(|| {
+                    let resolved = self.ledger.teams().resolve(&gpu, &host, owner.clone());
                     AllocationUse {
-                        owner_kind: owner.kind.clone(),
+                        owner_kind: owner.kind.as_str().to_owned(),
                         owner: owner.owner.clone(),
                         team: resolved.team,
                         workload_kind: resolved.workload_kind,
@@ -365,7 +365,7 @@ impl Recommender {
              approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(sm_active AS DOUBLE)) AS p95_sm_active, \
              approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(fb_used_bytes AS DOUBLE)) AS p95_fb_used_bytes \
              FROM gpu_samples WHERE time > {} AND time <= {} AND NOT gpu_lost AND ({}) GROUP BY gpu_uuid, owner ORDER BY gpu_uuid",
-            self.ledger.idle_sql(),
+            self.ledger.classify_config().idle_sql(),
             ts(from_us),
             ts(to_us),
             which.join(" OR ")
@@ -379,7 +379,7 @@ impl Recommender {
         members: &[(usize, usize)],
         filter: &str,
     ) -> Result<Vec<Workload>, RecommendError> {
-        let idle = self.ledger.idle_sql();
+        let idle = self.ledger.classify_config().idle_sql();
         let which: Vec<String> = members
             .iter()
             .map(|(a, g)| {

@@ -4,9 +4,10 @@
 //! `gpu_samples` and the MIG-parent exclusion. One module, so that no evaluator reads
 //! through another's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use apron_common::UnixMicros;
+pub(crate) use apron_cost::{Owner, OwnerKind};
 use apron_query::{QueryEngine, QueryError};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 
@@ -73,31 +74,18 @@ pub(crate) fn gpus_excluded_sql(gpus: &BTreeSet<String>) -> String {
     format!(" AND gpu_uuid NOT IN ({})", list.join(", "))
 }
 
-/// One holder's facts as the windows carry them (the owner columns).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Owner {
-    pub(crate) kind: String,
-    pub(crate) owner: String,
-    pub(crate) namespace: Option<String>,
-    pub(crate) job_id: Option<String>,
-    pub(crate) user: Option<String>,
-    pub(crate) account: Option<String>,
-    pub(crate) partition: Option<String>,
-    pub(crate) qos: Option<String>,
-    pub(crate) labels: Option<String>,
-}
-
 /// The owner columns of `gpu_samples`, quoted (`partition` is an SQL keyword), in the
 /// order [`owner_at`] reads them.
 pub(crate) const OWNER_COLUMNS_SQL: &str = "\"owner_kind\", \"owner\", \"namespace\", \"job_id\", \"owner_user\", \"account\", \"partition\", \"qos\", \"pod_labels\"";
 
 /// The owner of row `r`, from the [`OWNER_COLUMNS_SQL`] columns starting at `first`;
-/// `None` when nobody holds the GPU (or the columns are not strings).
+/// `None` when nobody holds the GPU, the columns are not strings, or the kind is one no
+/// part of Apron writes.
 pub(crate) fn owner_at(b: &RecordBatch, first: usize, r: usize) -> Option<Owner> {
     let s = |i: usize| b.column(first + i).as_string_opt::<i32>();
     let opt = |i: usize| s(i).filter(|c| !c.is_null(r)).map(|c| c.value(r).to_owned());
     Some(Owner {
-        kind: opt(0)?,
+        kind: OwnerKind::parse(&opt(0)?)?,
         owner: opt(1)?,
         namespace: opt(2),
         job_id: opt(3),
@@ -109,13 +97,63 @@ pub(crate) fn owner_at(b: &RecordBatch, first: usize, r: usize) -> Option<Owner>
     })
 }
 
-impl Owner {
-    /// The labels as a map (the column holds a JSON object; non-string values are skipped).
-    pub(crate) fn label_map(&self) -> BTreeMap<String, String> {
-        self.labels
-            .as_deref()
-            .and_then(|l| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(l).ok())
-            .map(|m| m.into_iter().filter_map(|(k, v)| v.as_str().map(|s| (k, s.to_owned()))).collect())
-            .unwrap_or_default()
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use apron_cost::{ClassifyConfig, Window, classify::window_is_idle};
+    use datafusion::arrow::array::{BooleanArray, Float64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::prelude::SessionContext;
+
+    use super::*;
+
+    /// The SQL form of the idle rule agrees with the classifier on every combination of
+    /// present, absent and boundary signals, for the default and a custom config.
+    #[tokio::test]
+    async fn the_idle_rule_in_sql_agrees_with_the_classifier() {
+        let values = [None, Some(0.0), Some(0.005), Some(0.01), Some(0.02), Some(0.05), Some(0.5), Some(1.0)];
+        let pairs: Vec<(Option<f64>, Option<f64>)> =
+            values.iter().flat_map(|sm| values.iter().map(move |u| (*sm, *u))).collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("sm_active_max", DataType::Float64, true),
+            Field::new("gpu_util_max", DataType::Float64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Float64Array::from_iter(pairs.iter().map(|p| p.0))),
+                Arc::new(Float64Array::from_iter(pairs.iter().map(|p| p.1))),
+            ],
+        )
+        .expect("batch");
+        let ctx = SessionContext::new();
+        ctx.register_batch("gpu_samples", batch).expect("register");
+        let custom = ClassifyConfig { idle_sm_active_max: 0.05, idle_gpu_util_max: 0.02, ..ClassifyConfig::default() };
+        for cfg in [ClassifyConfig::default(), custom] {
+            let sql = format!("SELECT {} FROM gpu_samples", cfg.idle_sql());
+            let out = ctx.sql(&sql).await.expect("plan").collect().await.expect("run");
+            let got: Vec<Option<bool>> = out
+                .iter()
+                .flat_map(|b| {
+                    b.column(0).as_any().downcast_ref::<BooleanArray>().expect("bool").iter().collect::<Vec<_>>()
+                })
+                .collect();
+            let want: Vec<Option<bool>> = pairs
+                .iter()
+                .map(|(sm, u)| {
+                    let w = Window {
+                        end_us: 0,
+                        window_us: 1,
+                        sm_active_max: *sm,
+                        gpu_util_max: *u,
+                        sm_active_mean: *sm,
+                        holder: None,
+                    };
+                    window_is_idle(&w, &cfg)
+                })
+                .collect();
+            assert_eq!(got, want, "{sql}");
+        }
     }
 }

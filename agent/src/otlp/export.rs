@@ -70,8 +70,23 @@ fn partial(answer: &ExportMetricsServiceResponse) -> Option<String> {
         .then(|| format!("{} data points rejected: {}", p.rejected_data_points, p.error_message))
 }
 
+/// Why one export request failed (logged; the next interval sends the state afresh).
+#[derive(Debug, thiserror::Error)]
+enum ExportError {
+    #[error("gRPC {code:?}: {message}")]
+    Grpc { code: tonic::Code, message: String },
+    #[error("{0} ({kind:?})", kind = .0.kind())]
+    Io(std::io::Error),
+    #[error("timed out ({0:?})")]
+    Timeout(ureq::Timeout),
+    #[error("{0}")]
+    Http(ureq::Error),
+    #[error("HTTP {status}{}", if message.is_empty() { String::new() } else { format!(": {message}") })]
+    Status { status: u16, message: String },
+}
+
 impl Transport {
-    async fn export(&mut self, request: ExportMetricsServiceRequest) -> Result<Option<String>, String> {
+    async fn export(&mut self, request: ExportMetricsServiceRequest) -> Result<Option<String>, ExportError> {
         match self {
             Transport::Grpc { client, metadata, timeout } => {
                 let mut r = tonic::Request::new(request);
@@ -79,7 +94,7 @@ impl Transport {
                 r.set_timeout(*timeout);
                 match client.export(r).await {
                     Ok(answer) => Ok(partial(answer.get_ref())),
-                    Err(status) => Err(format!("gRPC {:?}: {}", status.code(), status.message())),
+                    Err(status) => Err(ExportError::Grpc { code: status.code(), message: status.message().to_owned() }),
                 }
             }
             Transport::Http { agent, url, headers } => {
@@ -89,9 +104,9 @@ impl Transport {
                 }
                 // ureq blocks this thread, which is the exporter's own.
                 let mut answer = r.send(&request.encode_to_vec()[..]).map_err(|e| match e {
-                    ureq::Error::Io(io) => format!("{io} ({:?})", io.kind()),
-                    ureq::Error::Timeout(t) => format!("timed out ({t:?})"),
-                    other => other.to_string(),
+                    ureq::Error::Io(io) => ExportError::Io(io),
+                    ureq::Error::Timeout(t) => ExportError::Timeout(t),
+                    other => ExportError::Http(other),
                 })?;
                 let status = answer.status().as_u16();
                 let body = answer.body_mut().with_config().limit(MAX_ANSWER).read_to_vec().unwrap_or_default();
@@ -99,30 +114,43 @@ impl Transport {
                     Ok(ExportMetricsServiceResponse::decode(&body[..]).ok().as_ref().and_then(partial))
                 } else {
                     let message = RpcStatus::decode(&body[..]).map(|s| s.message).unwrap_or_default();
-                    Err(if message.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {message}") })
+                    Err(ExportError::Status { status, message })
                 }
             }
         }
     }
 }
 
+/// Why OTLP export cannot start: a setting only the transport's own types can check.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("otlp.endpoint {url:?}: {detail}")]
+    Endpoint { url: String, detail: String },
+    #[error("otlp.headers.{key}: {detail}")]
+    Header { key: String, detail: String },
+    #[error("cannot start the OTLP export thread: {0}")]
+    Thread(std::io::Error),
+}
+
 /// Validates what can only be checked with the transport's own types.
-fn grpc_parts(config: &OtlpConfig) -> Result<(Endpoint, MetadataMap), String> {
+fn grpc_parts(config: &OtlpConfig) -> Result<(Endpoint, MetadataMap), StartError> {
+    let endpoint_error = |detail: String| StartError::Endpoint { url: config.url.clone(), detail };
     let mut endpoint = Endpoint::from_shared(config.url.clone())
-        .map_err(|e| format!("otlp.endpoint {:?}: {e}", config.url))?
+        .map_err(|e| endpoint_error(e.to_string()))?
         .timeout(config.timeout)
         .connect_timeout(config.timeout)
         .user_agent(concat!("apron-agent/", env!("CARGO_PKG_VERSION")))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| endpoint_error(format!("user agent: {e}")))?;
     if config.url.starts_with("https://") {
         endpoint = endpoint
             .tls_config(ClientTlsConfig::new().with_webpki_roots())
-            .map_err(|e| format!("otlp.endpoint {:?}: TLS: {e}", config.url))?;
+            .map_err(|e| endpoint_error(format!("TLS: {e}")))?;
     }
     let mut metadata = MetadataMap::new();
     for (k, v) in &config.headers {
-        let key = MetadataKey::from_bytes(k.as_bytes()).map_err(|e| format!("otlp.headers.{k}: {e}"))?;
-        let value = AsciiMetadataValue::try_from(v.as_str()).map_err(|e| format!("otlp.headers.{k}: {e}"))?;
+        let header_error = |detail: String| StartError::Header { key: k.clone(), detail };
+        let key = MetadataKey::from_bytes(k.as_bytes()).map_err(|e| header_error(e.to_string()))?;
+        let value = AsciiMetadataValue::try_from(v.as_str()).map_err(|e| header_error(e.to_string()))?;
         metadata.append(key, value);
     }
     Ok((endpoint, metadata))
@@ -130,7 +158,7 @@ fn grpc_parts(config: &OtlpConfig) -> Result<(Endpoint, MetadataMap), String> {
 
 /// Starts exporting `state` every `config.interval`. `agent_host` is the agent's own
 /// host name (`service.instance.id`).
-pub fn start(config: &OtlpConfig, state: SharedState, agent_host: &str) -> Result<OtlpExporter, String> {
+pub fn start(config: &OtlpConfig, state: SharedState, agent_host: &str) -> Result<OtlpExporter, StartError> {
     let grpc = match config.protocol {
         Protocol::Grpc => Some(grpc_parts(config)?),
         Protocol::HttpProtobuf => None,
@@ -214,6 +242,6 @@ pub fn start(config: &OtlpConfig, state: SharedState, agent_host: &str) -> Resul
                 }
             });
         })
-        .map_err(|e| format!("cannot start the OTLP export thread: {e}"))?;
+        .map_err(StartError::Thread)?;
     Ok(OtlpExporter { stop, handle, timeout })
 }

@@ -33,7 +33,7 @@ use serde::Deserialize;
 use crate::config::{ConfigError, parse_duration};
 
 #[cfg(feature = "otlp")]
-pub use export::{OtlpExporter, start};
+pub use export::{OtlpExporter, StartError, start};
 
 /// Whether this build can export over OTLP.
 pub const COMPILED: bool = cfg!(feature = "otlp");

@@ -115,7 +115,12 @@ pub enum WalError {
     #[error("write-ahead log: {path} is not a WAL segment (bad header)")]
     BadHeader { path: PathBuf },
     #[error("write-ahead log: record at {path}:{offset} passed its checksum but cannot be decoded: {detail}")]
-    Undecodable { path: PathBuf, offset: u64, detail: String },
+    Undecodable {
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        detail: PayloadError,
+    },
     #[error("write-ahead log: a {0}-byte record exceeds the limit of {MAX_RECORD_BYTES} bytes")]
     TooLarge(usize),
     #[error("write-ahead log: field {0} is too long")]
@@ -170,34 +175,61 @@ pub fn encode_record(r: &WalRecord<'_>) -> Result<Vec<u8>, WalError> {
     Ok(out)
 }
 
-/// Decodes a payload whose CRC already matched.
-pub(crate) fn decode_payload(p: &[u8]) -> Result<WalEntry, String> {
-    let mut cur = p;
-    let mut take = |n: usize| -> Result<&[u8], String> {
-        if cur.len() < n {
-            return Err(format!("payload ends early (needs {n} more bytes, has {})", cur.len()));
+/// Why a payload whose CRC matched still cannot be read (a record of a future format,
+/// or a writer's bug): replay stops there rather than guess.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("payload ends early (needs {needs} more bytes, has {has})")]
+    Short { needs: usize, has: usize },
+    #[error("unknown record version {0}")]
+    Version(u8),
+    #[error("{what} is not UTF-8: {source}")]
+    Utf8 {
+        what: &'static str,
+        #[source]
+        source: std::str::Utf8Error,
+    },
+}
+
+/// The unread rest of a payload.
+struct Payload<'a>(&'a [u8]);
+
+impl<'a> Payload<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PayloadError> {
+        if self.0.len() < n {
+            return Err(PayloadError::Short { needs: n, has: self.0.len() });
         }
-        let (head, rest) = cur.split_at(n);
-        cur = rest;
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
         Ok(head)
-    };
-    let version = take(1)?[0];
-    if version != RECORD_VERSION {
-        return Err(format!("unknown record version {version}"));
     }
-    let table_len = take(1)?[0] as usize;
-    let table = std::str::from_utf8(take(table_len)?).map_err(|e| format!("table: {e}"))?.to_owned();
-    let mut string = |what: &str| -> Result<String, String> {
-        let len = u16::from_le_bytes(take(2)?.try_into().map_err(|_| format!("{what} length"))?) as usize;
-        Ok(std::str::from_utf8(take(len)?).map_err(|e| format!("{what}: {e}"))?.to_owned())
-    };
-    let agent = string("agent")?;
-    let epoch = string("epoch")?;
-    let u64_of = |b: &[u8]| -> Result<u64, String> { Ok(u64::from_le_bytes(b.try_into().map_err(|_| "u64")?)) };
-    let sequence = u64_of(take(8)?)?;
-    let received_us = u64_of(take(8)?)? as i64;
-    let body = cur.to_vec();
-    Ok(WalEntry { table, agent, epoch, sequence, received_us, body })
+
+    /// The little-endian unsigned integer in the next `n` (≤ 8) bytes.
+    fn le(&mut self, n: usize) -> Result<u64, PayloadError> {
+        Ok(self.take(n)?.iter().rev().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
+    }
+
+    /// A string of `len_bytes`-byte little-endian length.
+    fn string(&mut self, what: &'static str, len_bytes: usize) -> Result<String, PayloadError> {
+        let len = self.le(len_bytes)? as usize;
+        let b = self.take(len)?;
+        std::str::from_utf8(b).map(str::to_owned).map_err(|source| PayloadError::Utf8 { what, source })
+    }
+}
+
+/// Decodes a payload whose CRC already matched.
+pub(crate) fn decode_payload(p: &[u8]) -> Result<WalEntry, PayloadError> {
+    let mut cur = Payload(p);
+    let version = cur.le(1)? as u8;
+    if version != RECORD_VERSION {
+        return Err(PayloadError::Version(version));
+    }
+    let table = cur.string("table", 1)?;
+    let agent = cur.string("agent", 2)?;
+    let epoch = cur.string("epoch", 2)?;
+    let sequence = cur.le(8)?;
+    let received_us = cur.le(8)? as i64;
+    Ok(WalEntry { table, agent, epoch, sequence, received_us, body: cur.0.to_vec() })
 }
 
 /// The path of segment `seq` in `dir`.

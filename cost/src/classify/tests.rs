@@ -342,3 +342,27 @@ fn recompute_plan_context_is_sufficient_and_changes_stay_inside_it() {
     assert_ne!(all, after, "the change must show somewhere");
     assert_hours_sum(&after, day, day + 24 * US_PER_HOUR);
 }
+
+#[test]
+fn the_idle_rule_decides_by_the_first_signal_present_at_its_thresholds() {
+    let cfg = ClassifyConfig::default(); // sm_active < 0.01 idle; else util ≤ 0 idle
+    let w = |sm: Option<f64>, util: Option<f64>| Window {
+        end_us: 60 * S,
+        window_us: 60 * S,
+        sm_active_max: sm,
+        gpu_util_max: util,
+        sm_active_mean: sm,
+        holder: None,
+    };
+    assert_eq!(window_is_idle(&w(Some(0.009), Some(0.9)), &cfg), Some(true), "SM activity decides over utilisation");
+    assert_eq!(window_is_idle(&w(Some(0.01), None), &cfg), Some(false), "at the SM threshold: busy");
+    assert_eq!(window_is_idle(&w(None, Some(0.0)), &cfg), Some(true), "utilisation at its threshold: idle");
+    assert_eq!(window_is_idle(&w(None, Some(0.01)), &cfg), Some(false));
+    assert_eq!(window_is_idle(&w(Some(f64::NAN), Some(0.0)), &cfg), Some(true), "a NaN signal is absent");
+    assert_eq!(window_is_idle(&w(None, None), &cfg), None);
+    assert_eq!(
+        cfg.idle_sql(),
+        "(CASE WHEN sm_active_max IS NOT NULL THEN CAST(sm_active_max AS DOUBLE) < 0.01 \
+         WHEN gpu_util_max IS NOT NULL THEN CAST(gpu_util_max AS DOUBLE) <= 0 END)"
+    );
+}
