@@ -93,38 +93,14 @@ pub struct AgentSection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SamplersSection {
-    pub utilization: Option<String>,
-    pub gpm: Option<String>,
-    pub memory: Option<String>,
-    pub power: Option<String>,
-    pub thermal: Option<String>,
-    pub clocks: Option<String>,
-    pub pcie: Option<String>,
-    pub nvlink: Option<String>,
-    pub health: Option<String>,
-    pub processes: Option<String>,
     /// Field groups not to sample at all.
     #[serde(default)]
     pub disabled: Vec<String>,
-}
-
-impl SamplersSection {
-    fn get(&self, group: FieldGroup) -> Option<&str> {
-        match group {
-            FieldGroup::Utilization => self.utilization.as_deref(),
-            FieldGroup::Gpm => self.gpm.as_deref(),
-            FieldGroup::Memory => self.memory.as_deref(),
-            FieldGroup::Power => self.power.as_deref(),
-            FieldGroup::Thermal => self.thermal.as_deref(),
-            FieldGroup::Clocks => self.clocks.as_deref(),
-            FieldGroup::Pcie => self.pcie.as_deref(),
-            FieldGroup::Nvlink => self.nvlink.as_deref(),
-            FieldGroup::Health => self.health.as_deref(),
-            FieldGroup::Processes => self.processes.as_deref(),
-        }
-    }
+    /// `<field group> = "<interval>"`; every key must name a field group
+    /// ([`FieldGroup::ALL`]), which [`ConfigFile::resolve`] checks.
+    #[serde(flatten)]
+    pub intervals: BTreeMap<String, String>,
 }
 
 /// `[shipper]`: how windows travel to the collector. Durations are humantime strings.
@@ -500,10 +476,13 @@ impl FileConfig {
                 .map_err(|e: crate::sampler::UnknownFieldGroup| invalid("samplers.disabled", name, e.to_string()))?;
             disabled.push(group);
         }
+        if let Some(name) = self.samplers.intervals.keys().find(|k| k.parse::<FieldGroup>().is_err()) {
+            return Err(invalid("samplers", name, format!("a field group ({}) or `disabled`", FieldGroup::names())));
+        }
         let mut intervals = BTreeMap::new();
         for &group in FieldGroup::ALL {
             let key = format!("samplers.{}", group.name());
-            let interval = match self.samplers.get(group) {
+            let interval = match self.samplers.intervals.get(group.name()) {
                 Some(text) => parse_duration(&key, text)?,
                 None => group.default_interval(),
             };
@@ -583,6 +562,8 @@ mod tests {
         assert!(msg.contains("agent.listen") && msg.contains("nowhere"), "{msg}");
         let msg = resolve("[samplers]\ndisabled = [\"gpu\"]\n").expect_err("bad group").to_string();
         assert!(msg.contains("\"gpu\"") && msg.contains("utilization"), "{msg}");
+        let msg = resolve("[samplers]\ngpu = \"1s\"\n").expect_err("unknown group").to_string();
+        assert!(msg.contains("samplers") && msg.contains("gpu") && msg.contains("utilization"), "{msg}");
     }
 
     #[test]

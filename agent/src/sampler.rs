@@ -105,7 +105,8 @@ impl fmt::Display for FieldGroup {
 pub struct UnknownFieldGroup(pub String);
 
 impl FieldGroup {
-    fn names() -> String {
+    /// The group names, comma-separated, for messages.
+    pub fn names() -> String {
         FieldGroup::ALL.iter().map(|g| g.name()).collect::<Vec<_>>().join(", ")
     }
 }
