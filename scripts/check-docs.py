@@ -22,6 +22,9 @@ import sys
 import unicodedata
 from urllib.parse import unquote
 
+# Protocol spellings that look like paths under the `http/` crate directory.
+PROTOCOL_NAMES = {"http/protobuf", "http/json", "http/1.1", "http/2"}
+
 ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 BINARIES = ("apron", "apron-agent")
 
@@ -210,6 +213,8 @@ class Checker:
 
     def check_code_path(self, md, line, path):
         """A path in inline code may be relative to the file or to the repository root."""
+        if path in PROTOCOL_NAMES:
+            return
         starts = (os.path.dirname(md), self.root)
         if path.startswith("../"):
             if not any(self.inside(os.path.join(s, path)) and os.path.exists(os.path.join(s, path)) for s in starts):

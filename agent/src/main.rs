@@ -145,7 +145,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         // SIGTERM is handled from here on, before anyone is told the agent is up: a
         // supervisor that stops it right after the line below gets a clean stop.
-        let shutdown = apron_common::serve::shutdown_signal();
+        let shutdown = apron_http::serve::shutdown_signal();
         tracing::info!("serving {}://{addr}/metrics", config.http.scheme());
         // A line on stdout that scripts and tests can wait for.
         println!("listening on {addr}");

@@ -106,7 +106,7 @@ pub struct UnknownFieldGroup(pub String);
 
 impl FieldGroup {
     /// The group names, comma-separated, for messages.
-    pub fn names() -> String {
+    fn names() -> String {
         FieldGroup::ALL.iter().map(|g| g.name()).collect::<Vec<_>>().join(", ")
     }
 }

@@ -1,6 +1,6 @@
 //! The agent's HTTP surface: `GET /metrics` (OpenMetrics) and `GET /healthz`.
 //!
-//! Served through `apron_common::serve` (header-read timeout, graceful shutdown), over
+//! Served through `apron_http::serve` (header-read timeout, graceful shutdown), over
 //! TLS when `[agent.tls]` or a web config asks for it; a web config's basic-auth users
 //! and response headers apply to every path (`docs/tls.md`).
 
@@ -8,15 +8,15 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-use apron_common::serve::{ServeOptions, json_error};
+use apron_http::serve::ServeOptions;
 
 use crate::config::HttpConfig;
-use crate::exposition::{self, Format, SharedState};
+use crate::exposition::{self, SharedState};
 
 #[derive(Clone)]
 struct App {
@@ -46,16 +46,11 @@ pub async fn serve(
         None => router,
     };
     let options = ServeOptions::default().with_tls(http.tls.clone());
-    apron_common::serve::serve(listener, router, options, shutdown).await
+    apron_http::serve::serve(listener, router, options, shutdown).await
 }
 
 async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let format = Format::negotiate(accept);
-    match exposition::render(&app.registry, format) {
-        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
-        Err(_) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "encoding the metrics failed"),
-    }
+    apron_http::metrics::respond(&app.registry, &headers)
 }
 
 async fn healthz(State(app): State<App>) -> Response {

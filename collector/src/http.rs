@@ -1,5 +1,5 @@
-//! The collector's HTTP surface: `POST /api/v1/ingest` (the server side of
-//! `docs/ingest.md`), `GET /healthz` and `GET /metrics`.
+//! The collector's HTTP surface: `POST /api/v1/ingest`, the server side of
+//! `docs/ingest.md`.
 //!
 //! ```text
 //!  request ─► bearer token (constant time) ─► x-apron-* headers, Content-Type
@@ -12,9 +12,9 @@
 //! ```
 //!
 //! [`router`] returns a plain `axum::Router` with its state applied, so the server binary
-//! adds further routes (SQL, reports) with `Router::merge`. Metrics live in the
-//! `prometheus-client` [`Registry`] handed to [`IngestState::new`]; other parts of the
-//! server register their families in it first.
+//! adds further routes (`/healthz`, `/metrics`, SQL, reports) with `Router::merge`. The
+//! ingest and storage metrics are registered in the `prometheus-client` [`Registry`]
+//! handed to [`IngestState::new`], which the server serves on its `/metrics`.
 
 use std::collections::HashMap;
 use std::io::Cursor;
@@ -31,7 +31,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
 use prometheus_client::metrics::MetricType;
@@ -145,7 +145,7 @@ const RATE_MAX_AGENTS: usize = 100_000;
 
 impl IngestState {
     /// Registers the ingest and storage metrics in `registry` (which may already hold
-    /// other families of the server) and keeps it for `GET /metrics`.
+    /// other families of the server) and keeps it for the server's `GET /metrics`.
     pub fn new(store: Arc<Store>, options: IngestOptions, mut registry: Registry) -> Result<IngestState, SetupError> {
         if options.tokens.is_empty() {
             return Err(SetupError::NoTokens);
@@ -204,15 +204,11 @@ impl IngestState {
     }
 }
 
-/// `POST /api/v1/ingest`, `GET /healthz`, `GET /metrics`, with `state` applied. Merge
-/// further routes into the result; it sets no fallback, so the caller may.
+/// `POST /api/v1/ingest` with `state` applied. Merge further routes into the result; it
+/// sets no fallback, so the caller may.
 pub fn router(state: IngestState) -> Router {
     let limit = state.inner.max_body_bytes;
-    Router::new()
-        .route(INGEST_PATH, post(ingest).layer(DefaultBodyLimit::max(limit)))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
+    Router::new().route(INGEST_PATH, post(ingest).layer(DefaultBodyLimit::max(limit))).with_state(state)
 }
 
 // ───────────────────────────── errors ─────────────────────────────
@@ -308,8 +304,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The contract's error body (one definition, in `apron_common::serve`).
-pub use apron_common::serve::json_error;
+/// The contract's error body (one definition, in `apron_http::serve`).
+pub use apron_http::serve::json_error;
 
 // ───────────────────────────── ingest ─────────────────────────────
 
@@ -554,38 +550,6 @@ fn target(headers: &HeaderMap) -> Result<Target, ApiError> {
         });
     }
     Ok(Target { table, agent: agent.to_owned(), epoch: epoch.to_owned(), sequence })
-}
-
-// ───────────────────────────── health and metrics ─────────────────────────────
-
-async fn healthz(State(state): State<IngestState>) -> Response {
-    let store = &state.inner.store;
-    let memtable_rows: usize =
-        [Table::GpuSamples, Table::GpuProcesses].iter().map(|t| store.memtable_stats(*t).rows).sum();
-    (StatusCode::OK, axum::Json(serde_json::json!({ "status": "ok", "memtable_rows": memtable_rows }))).into_response()
-}
-
-async fn metrics(State(state): State<IngestState>, headers: HeaderMap) -> Response {
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    // Like the agent: OpenMetrics for scrapers that ask for it (Prometheus does),
-    // Prometheus text 0.0.4 otherwise (curl, promtool check metrics).
-    let openmetrics = accept.contains("application/openmetrics-text");
-    let mut out = String::with_capacity(16 * 1024);
-    let (encoded, content_type) = if openmetrics {
-        (
-            prometheus_client::encoding::text::encode(&mut out, &state.inner.registry),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )
-    } else {
-        (
-            prometheus_client::encoding::prometheus_text::encode(&mut out, &state.inner.registry),
-            "text/plain; version=0.0.4; charset=utf-8",
-        )
-    };
-    match encoded {
-        Ok(()) => ([(header::CONTENT_TYPE, content_type)], out).into_response(),
-        Err(_) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "encoding the metrics failed"),
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

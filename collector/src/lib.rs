@@ -31,8 +31,8 @@
 //! - [`store`]: the facade ([`Store`]) the HTTP layer calls; [`error`]: its errors with
 //!   HTTP status classification; [`config`]: [`StoreConfig`].
 //! - [`http`]: `POST /api/v1/ingest` (bearer token, protocol headers, body limit, the
-//!   store in `spawn_blocking`, clock skew), `GET /healthz`, `GET /metrics`, as an
-//!   `axum::Router` the server merges further routes into.
+//!   store in `spawn_blocking`, clock skew), as an `axum::Router` the server merges
+//!   further routes into.
 //!
 //! On-disk layout under `data_dir`: `LOCK`, `checkpoint.json`, `wal/<seq>.wal`,
 //! `<table>/date=YYYY-MM-DD/<uuid>.parquet`. See `README.md` for the formats.

@@ -14,10 +14,10 @@
 //!
 //! - [`wire`] (feature `arrow`): the Arrow schemas of the shipped tables and the IPC
 //!   encoding agents send to `POST /api/v1/ingest`.
-//! - [`tls`], [`serve`], [`webconfig`] (feature `serve`): TLS settings (rustls on ring),
-//!   the HTTP accept loop every listener uses (TLS, header/body timeouts, connection
-//!   limit, graceful shutdown) and Prometheus exporter-toolkit `web-config.yml` (TLS and
-//!   bcrypt basic auth).
+//! - [`duration`], [`size`]: how config files spell durations (humantime text) and byte
+//!   sizes (`"512MiB"`), one deserializer each for every crate's config.
+//!
+//! Serving HTTP (TLS, the accept loop, web-config) is `apron-http`'s.
 //!
 //! This crate is deliberately dependency-light: the agent links it and must stay small.
 
@@ -25,13 +25,7 @@ pub mod chain;
 pub mod duration;
 pub mod field;
 pub mod ids;
-#[cfg(feature = "serve")]
-pub mod serve;
 pub mod size;
-#[cfg(feature = "serve")]
-pub mod tls;
-#[cfg(feature = "serve")]
-pub mod webconfig;
 pub mod window;
 #[cfg(feature = "arrow")]
 pub mod wire;

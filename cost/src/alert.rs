@@ -100,6 +100,19 @@ pub struct HolderFacts {
     pub labels: BTreeMap<String, String>,
 }
 
+impl From<&crate::owner::Resolved> for HolderFacts {
+    fn from(r: &crate::owner::Resolved) -> HolderFacts {
+        HolderFacts {
+            owner_kind: r.owner.kind.as_str().to_owned(),
+            owner: r.owner.owner.clone(),
+            team: r.team.clone(),
+            workload_kind: r.workload_kind.clone(),
+            user: r.owner.user.clone(),
+            labels: r.owner.label_map(),
+        }
+    }
+}
+
 impl HolderFacts {
     fn same(&self, o: &HolderFacts) -> bool {
         self.owner_kind == o.owner_kind && self.owner == o.owner

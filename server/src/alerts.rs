@@ -367,15 +367,8 @@ impl Alerts {
                         if let Some(h) = st.holders.get(&key) {
                             return h.clone();
                         }
-                        let resolved = self.ledger.teams().resolve(gpu, host, o.clone());
-                        let h = Arc::new(HolderFacts {
-                            owner_kind: o.kind.as_str().to_owned(),
-                            owner: o.owner.clone(),
-                            team: resolved.team,
-                            workload_kind: resolved.workload_kind,
-                            user: o.user.clone(),
-                            labels: o.label_map(),
-                        });
+                        let resolved = self.ledger.teams().resolve(gpu, host, o);
+                        let h = Arc::new(HolderFacts::from(&resolved));
                         st.holders.insert(key, h.clone());
                         h
                     });

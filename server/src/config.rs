@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use apron_collector::StoreConfig;
 use apron_collector::http::IngestOptions;
-use apron_common::tls::TlsConfig;
+use apron_http::tls::TlsConfig;
 use apron_query::QueryConfig;
 use serde::Deserialize;
 

@@ -7,7 +7,7 @@
 //!          ▼                                           ships over HTTP with that token
 //!   Server::open: Store::open (WAL replay)              │
 //!   Server::run(listener, shutdown)  ◄──────────────────┘  (same server, loopback only)
-//!     app(): collector::http::router (ingest, healthz, metrics) + sql::router (POST /api/v1/sql)
+//!     app(): /healthz, /metrics + collector::http::router (ingest) + sql::router (POST /api/v1/sql)
 //!            + report::router + insights::router (alerts, recommendations)
 //!            + otlp_in::router (POST /v1/metrics) + prom_remote::router (Prometheus
 //!              remote write and remote read: POST /api/v1/write, /api/v1/read)
@@ -87,7 +87,7 @@ pub enum ServerError {
     )]
     Persist(#[source] StoreError),
     #[error("a background task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
     #[error(
         "apron up binds loopback addresses only (it has no authentication on its own endpoints); got {0}. Use apron serve for a deployment"
     )]
@@ -95,13 +95,13 @@ pub enum ServerError {
     #[error("the in-process agent: {0}")]
     Agent(String),
     #[error("cannot start the SQL engine: {0}")]
-    Query(String),
+    Query(#[from] apron_query::QueryError),
     #[error("the cost ledger: {0}")]
-    Cost(String),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("{0}")]
-    Scrape(String),
+    Cost(#[from] ledger::LedgerError),
+    #[error("TLS: [server.tls]: {0}")]
+    Tls(#[from] apron_http::tls::TlsError),
+    #[error(transparent)]
+    Scrape(#[from] scrape::ScrapeError),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
@@ -109,11 +109,37 @@ pub enum ServerError {
 /// apply to the routes present when they are set — so every route answers unknown paths
 /// and methods in the contract's error shape.
 pub fn app(ingest: IngestState, sql: Router) -> Router {
+    let health = Router::new()
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/metrics", axum::routing::get(metrics))
+        .with_state(ingest.clone());
     apron_collector::http::router(ingest)
+        .merge(health)
         .merge(sql)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::middleware::from_fn(telemetry::trace_request))
+}
+
+/// `GET /healthz`: the server answers, and how many rows wait in the memtable.
+async fn healthz(axum::extract::State(ingest): axum::extract::State<IngestState>) -> Response {
+    let store = ingest.store();
+    let memtable_rows: usize = [apron_collector::Table::GpuSamples, apron_collector::Table::GpuProcesses]
+        .iter()
+        .map(|t| store.memtable_stats(*t).rows)
+        .sum();
+    axum::response::IntoResponse::into_response((
+        StatusCode::OK,
+        axum::Json(serde_json::json!({ "status": "ok", "memtable_rows": memtable_rows })),
+    ))
+}
+
+/// `GET /metrics`: every family of the server (ingest, storage, cost, alerts, …).
+async fn metrics(
+    axum::extract::State(ingest): axum::extract::State<IngestState>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    apron_http::metrics::respond(ingest.registry(), &headers)
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -199,15 +225,13 @@ impl Server {
         // The rollup's state file tells the engine which stored gpu_samples_1m days are
         // current (see derive).
         let state = store.data_dir().join(apron_query::rollup::STATE_FILE);
-        let mut engine = QueryEngine::with_rollup_state(query, store.clone(), Some(state))
-            .map_err(|e| ServerError::Query(e.to_string()))?;
+        let mut engine =
+            QueryEngine::with_rollup_state(query, store.clone(), Some(state)).map_err(ServerError::Query)?;
         // The evaluators' tables: empty until alerts / recommendations run.
         let alerts_table = apron_query::SnapshotTable::new(alerts::schema());
         let recommendations_table = apron_query::SnapshotTable::new(recommend::schema());
-        engine.register_table("alerts", alerts_table.clone()).map_err(|e| ServerError::Query(e.to_string()))?;
-        engine
-            .register_table("recommendations", recommendations_table.clone())
-            .map_err(|e| ServerError::Query(e.to_string()))?;
+        engine.register_table("alerts", alerts_table.clone()).map_err(ServerError::Query)?;
+        engine.register_table("recommendations", recommendations_table.clone()).map_err(ServerError::Query)?;
         let engine = Arc::new(engine);
         let sql = sql::router(engine.clone(), access.clone(), config::HttpOptions::default().max_sql_bytes);
         let report = schedule::ReportConfig::default();
@@ -257,8 +281,7 @@ impl Server {
             self.ledger = None;
             return Ok(self);
         }
-        let l = ledger::Ledger::new(self.store.clone(), self.engine.clone(), cost)
-            .map_err(|e| ServerError::Cost(e.to_string()))?;
+        let l = ledger::Ledger::new(self.store.clone(), self.engine.clone(), cost).map_err(ServerError::Cost)?;
         self.ledger = Some(Arc::new(l));
         self.reports = self.reports_router();
         Ok(self)
@@ -339,7 +362,7 @@ impl Server {
     /// are loaded here, so a bad one stops the start.
     pub fn with_http(mut self, http: config::HttpOptions) -> Result<Server, ServerError> {
         self.tls = match &http.tls {
-            Some(t) => Some(t.server_config().map_err(|e| ServerError::Tls(format!("[server.tls]: {e}")))?),
+            Some(t) => Some(t.server_config()?),
             None => None,
         };
         self.sql = sql::router(self.engine.clone(), self.access.clone(), http.max_sql_bytes);
@@ -352,8 +375,7 @@ impl Server {
     /// Scrapes these dcgm-exporter endpoints as a source (`[[scrape]]`).
     pub fn with_scrape(mut self, targets: Vec<scrape::ScrapeTarget>) -> Result<Server, ServerError> {
         for t in targets {
-            let s = scrape::Scraper::new(self.store.clone(), self.engine.clone(), t)
-                .map_err(|e| ServerError::Scrape(e.to_string()))?;
+            let s = scrape::Scraper::new(self.store.clone(), self.engine.clone(), t).map_err(ServerError::Scrape)?;
             self.scrapers.push(s);
         }
         Ok(self)
@@ -456,7 +478,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
-        let options = apron_common::serve::ServeOptions {
+        let options = apron_http::serve::ServeOptions {
             tls: self.tls.clone(),
             header_read_timeout: self.http.header_read_timeout,
             body_read_timeout: Some(self.http.body_read_timeout),
@@ -501,7 +523,7 @@ impl Server {
         let router = self.router();
         // Slow clients are cut off by the header and body timeouts; the accept
         // loop drains requests in flight for up to DRAIN_TIMEOUT at shutdown.
-        let mut serving = tokio::spawn(apron_common::serve::serve(listener, router, options, async move {
+        let mut serving = tokio::spawn(apron_http::serve::serve(listener, router, options, async move {
             let _ = stopped.await;
         }));
 
@@ -510,14 +532,12 @@ impl Server {
             () = shutdown => None,
         };
         let served = match failed {
-            Some(r) => r.map_err(|e| ServerError::Task(e.to_string())).and_then(|r| r.map_err(ServerError::Serve)),
+            Some(r) => r.map_err(ServerError::Task).and_then(|r| r.map_err(ServerError::Serve)),
             None => {
                 tracing::info!("shutting down: no new connections; finishing the requests in flight");
                 let _ = stop.send(());
                 match tokio::time::timeout(DRAIN_TIMEOUT + Duration::from_secs(2), &mut serving).await {
-                    Ok(r) => {
-                        r.map_err(|e| ServerError::Task(e.to_string())).and_then(|r| r.map_err(ServerError::Serve))
-                    }
+                    Ok(r) => r.map_err(ServerError::Task).and_then(|r| r.map_err(ServerError::Serve)),
                     Err(_) => {
                         // A request still running its WAL append completes on its
                         // blocking thread either way; only its answer is lost, and the
@@ -542,7 +562,7 @@ impl Server {
         let store = self.store.clone();
         let persisted = tokio::task::spawn_blocking(move || store.persist_now())
             .await
-            .map_err(|e| ServerError::Task(e.to_string()))?
+            .map_err(ServerError::Task)?
             .map_err(ServerError::Persist)?;
         tracing::info!(rows = persisted.rows, files = persisted.files.len(), "persisted the memtable to Parquet");
         served

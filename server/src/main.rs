@@ -252,7 +252,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 file.resolve(Overrides { listen: http, data_dir: data, ingest_token, sql_token, pg_listen: pg })?;
             rt.block_on(async move {
                 // A deep accept queue: a burst of connections must not crowd out probes.
-                let listener = apron_common::serve::bind(config.listen)
+                let listener = apron_http::serve::bind(config.listen)
                     .with_context(|| format!("cannot listen on {}", config.listen))?;
                 let addr = listener.local_addr()?;
                 let (store, ingest, query, rollup, cost) =
@@ -260,7 +260,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let (report, alerts, recommend, scrape) = (config.report, config.alerts, config.recommend, config.scrape);
                 let pg = match config.pg {
                     Some(p) => {
-                        let l = apron_common::serve::bind(p.addr)
+                        let l = apron_http::serve::bind(p.addr)
                             .with_context(|| format!("cannot listen on {} for PostgreSQL clients", p.addr))?;
                         let tls = p.tls.as_ref().map(|t| t.server_config()).transpose().context("[pg.tls]")?;
                         Some((l, apron::pg::PgAuth::Password(p.users.into()), tls, p.max_connections, p.auth_timeout))
@@ -293,7 +293,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
                 // A line on stdout that scripts and tests wait for: the store is open
                 // and the address bound.
-                let shutdown = apron_common::serve::shutdown_signal();
+                let shutdown = apron_http::serve::shutdown_signal();
                 println!("listening on {addr}");
                 server.run(listener, shutdown).await?;
                 Ok(())
@@ -331,7 +331,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             let options =
                 UpOptions { http, data_dir: data, pg, hostname: machine_hostname(), backfill, source, config };
             let up = Up::start(options).await?;
-            let shutdown = apron_common::serve::shutdown_signal();
+            let shutdown = apron_http::serve::shutdown_signal();
             print_up(&up);
             up.run(shutdown).await?;
             Ok(())

@@ -74,7 +74,7 @@ async fn read_body(headers: &HeaderMap, body: axum::body::Body, max: usize) -> R
 fn body_error(e: &axum::Error) -> Response {
     let mut chain = std::iter::successors(Some(e as &(dyn std::error::Error + 'static)), |e| e.source());
     let timeout = chain.find_map(|e| {
-        if let Some(d) = e.downcast_ref::<apron_common::serve::BodyDeadlineExceeded>() {
+        if let Some(d) = e.downcast_ref::<apron_http::serve::BodyDeadlineExceeded>() {
             Some(format!("{d} (server.body_total_timeout)"))
         } else if e.is::<tower_http::timeout::TimeoutError>() {
             Some("the request body stalled longer than the server allows (server.body_read_timeout)".to_owned())

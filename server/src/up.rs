@@ -166,9 +166,9 @@ impl Up {
         let server =
             tokio::task::spawn_blocking(move || Server::open(store_config, ingest, query, crate::Access::Loopback))
                 .await
-                .map_err(|e| ServerError::Task(e.to_string()))??;
+                .map_err(ServerError::Task)??;
 
-        let (agent, choice) = open_agent(&options, &server, &data_dir, addr, token).await?;
+        let (agent, choice) = open_agent(&options, &server, &data_dir, first_start, addr, token).await?;
         // Dollars from the first run: the config's price book, else the example one,
         // written next to the data (and said so in every report it prices).
         let mut cost = file.cost;
@@ -186,7 +186,9 @@ impl Up {
         }
         if choice.kind == Some(SourceKind::Sim) && cost.teams.is_empty() {
             // The simulated organisation: its namespaces and Slurm accounts → teams.
-            cost.teams = apron_cost::TeamConfig::from_toml(SIM_TEAMS).map_err(|e| ServerError::Cost(e.to_string()))?;
+            cost.teams = apron_cost::TeamConfig::from_toml(SIM_TEAMS).map_err(|e| {
+                ServerError::Cost(crate::ledger::LedgerError::Config { section: "teams", detail: e.to_string() })
+            })?;
         }
         let server = server
             .with_rollup(file.rollup)
@@ -333,6 +335,7 @@ async fn open_agent(
     options: &UpOptions,
     server: &Server,
     data_dir: &Path,
+    first_start: bool,
     server_addr: SocketAddr,
     token: String,
 ) -> Result<(Option<Agent>, SourceChoice), ServerError> {
@@ -390,9 +393,44 @@ async fn open_agent(
         };
         return Ok((None, SourceChoice { kind: None, gpus: 0, fallback_reason: Some(reason) }));
     }
+    config.sim.phase_origin = sim_phase_origin(data_dir, first_start)?;
     let source = apron_agent::open_source(&config).map_err(|e| ServerError::Agent(e.to_string()))?;
     let choice = SourceChoice { kind: Some(SourceKind::Sim), gpus: source.inventory().len(), fallback_reason };
     Ok((Some(Agent { config, source, listener }), choice))
+}
+
+/// Where the simulated fleet's job cycles start, kept beside the data.
+const SIM_ORIGIN_FILE: &str = "sim-origin.json";
+
+/// How long before a data directory's first start its simulated jobs' cycles begin: far
+/// enough that every scenario is in its characteristic phase when `apron up` first shows
+/// it (training in its steady run, the notebook idle and stranded, the Slurm job using
+/// one of its four GPUs) and the seeded history holds that phase too.
+const SIM_ORIGIN_BEFORE_FIRST_START: Duration = Duration::from_secs(10 * 3600);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SimOrigin {
+    phase_origin_us: i64,
+}
+
+/// The simulated fleet's phase origin for `data_dir`: chosen at the first start and
+/// kept in [`SIM_ORIGIN_FILE`], so a restart continues the stored history. A data
+/// directory seeded before the file existed keeps the epoch-based phases (`None`).
+fn sim_phase_origin(data_dir: &Path, first_start: bool) -> Result<Option<UnixMicros>, ServerError> {
+    let path = data_dir.join(SIM_ORIGIN_FILE);
+    if first_start {
+        let origin = UnixMicros::now().0 - SIM_ORIGIN_BEFORE_FIRST_START.as_micros() as i64;
+        crate::statefile::save_json(&path, &SimOrigin { phase_origin_us: origin })
+            .map_err(|e| ServerError::Agent(e.to_string()))?;
+        return Ok(Some(UnixMicros(origin)));
+    }
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<SimOrigin>(&bytes)
+            .map(|o| Some(UnixMicros(o.phase_origin_us)))
+            .map_err(|e| ServerError::Agent(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ServerError::Io { what: format!("cannot read {}", path.display()), source }),
+    }
 }
 
 /// A host in the data directory's `gpu_samples` that is not the simulator's, if any

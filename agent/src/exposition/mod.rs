@@ -13,8 +13,8 @@
 //! - `apron_agent_*` self-metrics.
 //!
 //! One file each: [`state`] (what is shown), `dcgm` and `native` (the GPU families and
-//! their label sets), `selfmetrics`, and [`format`] (OpenMetrics or Prometheus text, by
-//! `Accept`).
+//! their label sets) and `selfmetrics`. The format (OpenMetrics or Prometheus text, by
+//! `Accept`) is `apron_http::metrics`', shared with the server.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -26,12 +26,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 mod dcgm;
-pub mod format;
 mod native;
 mod selfmetrics;
 pub mod state;
 
-pub use format::{Format, render};
 pub use native::native_gauges;
 pub use state::{AgentState, GpuState, OwnerLabels, SamplerStats, SharedState, ShipStats, TableShipped};
 

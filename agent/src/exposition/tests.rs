@@ -3,6 +3,8 @@ use std::collections::BTreeSet;
 use apron_common::{FieldStats, GpuIdentity, GpuUuid, HostName, ProcessRow, UnixMicros};
 
 use super::*;
+use apron_http::metrics::{Format, render};
+
 use crate::sampler::FieldGroup;
 
 fn gpu(uuid: &str, parent: Option<&str>) -> GpuIdentity {

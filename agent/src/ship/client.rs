@@ -46,7 +46,7 @@ impl Client {
     pub fn new(config: &ShipperConfig) -> Self {
         let tls = TlsConfig::builder()
             .provider(TlsProvider::Rustls)
-            .unversioned_rustls_crypto_provider(apron_common::tls::ring_provider());
+            .unversioned_rustls_crypto_provider(apron_http::tls::ring_provider());
         let (tls, trust) = match &config.ca {
             Some(ca) => {
                 let certs: Vec<Certificate<'static>> =

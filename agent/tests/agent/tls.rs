@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use apron_common::serve::{ServeOptions, serve};
-use apron_common::tls::{ClientAuth, TlsConfig};
+use apron_http::serve::{ServeOptions, serve};
+use apron_http::tls::{ClientAuth, TlsConfig};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -71,7 +71,7 @@ impl Pki {
         for c in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
             roots.add(c.expect("PEM")).expect("CA");
         }
-        let config = rustls::ClientConfig::builder_with_provider(apron_common::tls::ring_provider())
+        let config = rustls::ClientConfig::builder_with_provider(apron_http::tls::ring_provider())
             .with_safe_default_protocol_versions()
             .expect("versions")
             .with_root_certificates(roots)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use apron_common::{ClusterName, HostName};
+use apron_common::{ClusterName, HostName, UnixMicros};
 use serde::Deserialize;
 
 use super::model::SimModel;
@@ -36,6 +36,12 @@ pub struct SimConfig {
     /// When the `fell-off-the-bus` GPUs fall off after the source starts (humantime).
     #[serde(deserialize_with = "apron_common::duration::deserialize")]
     pub lost_gpu_after: Duration,
+    /// The instant every job's cycle starts from (plus a seeded jitter under an hour),
+    /// instead of a seeded offset from the Unix epoch: whoever sets it knows which phase
+    /// each scenario is in at any instant. `apron up` sets it for its data directory
+    /// (not a config key).
+    #[serde(skip)]
+    pub phase_origin: Option<UnixMicros>,
 }
 
 impl Default for SimConfig {
@@ -49,6 +55,7 @@ impl Default for SimConfig {
             models: SimModel::ALL.to_vec(),
             scenarios: None,
             lost_gpu_after: Duration::from_secs(600),
+            phase_origin: None,
         }
     }
 }

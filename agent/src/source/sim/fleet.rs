@@ -177,7 +177,8 @@ pub struct Fleet {
 
 impl Fleet {
     /// Builds the fleet of `config`; `cluster` (the agent's own setting) wins over
-    /// `config.cluster`. `start` anchors the lost-GPU scenario only.
+    /// `config.cluster`. `start` anchors the lost-GPU scenario only (job cycles count
+    /// from `config.phase_origin`, or the epoch).
     pub fn new(config: &SimConfig, cluster: Option<ClusterName>, start: UnixMicros) -> Result<Self, SimError> {
         config.validate()?;
         let cluster = cluster.or_else(|| config.cluster.clone());
@@ -256,7 +257,7 @@ impl Fleet {
                     scenario: group.scenario,
                     group: gi,
                     seed: gpu_seed,
-                    timeline: timeline(&plan, spec, group.seed, mix(h)),
+                    timeline: timeline(&plan, spec, group.seed, mix(h), config.phase_origin),
                     mix: plan.mix,
                     boot_offset: boot_offsets[slot / per_node],
                     ambient_c: 3.0 * lane(h, 0),
@@ -563,9 +564,16 @@ impl Gpu {
 
 /// Resolves a plan against a model into a timeline with precomputed phase energies.
 /// `board` varies power a few percent between boards of the same model, as silicon does.
-fn timeline(plan: &Plan, spec: &Spec, group_seed: u64, board: u64) -> Timeline {
+/// `origin`: the instant the cycle starts (give or take a seeded jitter under an hour);
+/// `None`: a seeded offset from the epoch.
+fn timeline(plan: &Plan, spec: &Spec, group_seed: u64, board: u64, origin: Option<UnixMicros>) -> Timeline {
     let cycle: i64 = plan.phases.iter().map(|p| p.len).sum::<i64>().max(SEC);
-    let offset = if plan.utc_aligned { 0 } else { (mix(group_seed) % (cycle / SEC) as u64) as i64 * SEC };
+    let offset = match (plan.utc_aligned, origin) {
+        (true, _) => 0,
+        // Position `jitter` of the cycle at `origin`.
+        (false, Some(o)) => (mix(group_seed) % 3600) as i64 * SEC - o.0,
+        (false, None) => (mix(group_seed) % (cycle / SEC) as u64) as i64 * SEC,
+    };
     let mut phases = Vec::with_capacity(plan.phases.len());
     let (mut start, mut before_j, mut allocs, mut alloc_start) = (0i64, 0.0f64, 0u32, 0i64);
     let mut prev_allocated = false;

@@ -21,6 +21,10 @@
 //! with a per-job offset, and energy is a closed-form integral of the modelled power. So
 //! the live samplers, a backfill of last week, and a test can all evaluate any instant,
 //! in any order, and agree. Only the lost-GPU scenario depends on the source's start.
+//! Job cycles count from the epoch with a seeded offset per job, or, when
+//! [`SimConfig::phase_origin`] is set (`apron up` sets it 10 h before a data
+//! directory's first start), from that instant: then every scenario is in a known phase
+//! at a known time, whenever the fleet runs.
 //!
 //! # Scenarios
 //!

@@ -386,3 +386,20 @@ fn history_rows_carry_their_owners() {
     );
     assert_eq!(rows.len(), src.inventory().len() * 10);
 }
+
+#[test]
+fn a_phase_origin_puts_every_job_in_the_same_phase_whenever_the_fleet_starts() {
+    // Ten hours after the origin (what `apron up` gives a new data directory), whatever
+    // the origin: training runs, the notebook is stranded, the 4-GPU job holds its GPUs.
+    for origin in [T0, T0 + 7 * HOUR + 13 * MIN, T0 + 29 * HOUR] {
+        let src = source_with(SimConfig { phase_origin: Some(UnixMicros(origin)), ..SimConfig::default() });
+        let at = UnixMicros(origin + 10 * HOUR + 30 * MIN);
+        let all_in = |scenario, kinds: &[PhaseKind]| {
+            let slots = slots_of(&src, scenario);
+            !slots.is_empty() && slots.iter().all(|&s| src.fleet().phase(s, at).is_some_and(|k| kinds.contains(&k)))
+        };
+        assert!(all_in(Scenario::Training, &[PhaseKind::Run]), "origin {origin}");
+        assert!(all_in(Scenario::NotebookStranded, &[PhaseKind::Stranded]), "origin {origin}");
+        assert!(all_in(Scenario::MultiGpuUnderused, &[PhaseKind::Run, PhaseKind::Stranded]), "origin {origin}");
+    }
+}
