@@ -33,6 +33,10 @@
 //! Money is exact micro-dollars from the classifier's exact microseconds; nothing is a
 //! float once classified. A GPU whose model has no price gets NULL money (reported,
 //! never $0).
+//!
+//! This module orchestrates: it reads through the engine, calls `apron_cost`'s rules
+//! (owners, classification, runs, prices) and writes partitions. `rows` builds the two
+//! tables' Arrow batches; `metrics` serves the stored totals on `/metrics`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -49,9 +53,7 @@ use apron_cost::{
 use apron_query::{QueryEngine, TableSource};
 
 use crate::sqlutil::{OWNER_COLUMNS_SQL, Owner, SqlError, gpus_excluded_sql, owner_at, sql_str, strings, ts};
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, RecordBatch, StringArray, TimestampMicrosecondArray,
-};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
 use serde::{Deserialize, Serialize};
 
@@ -1075,189 +1077,11 @@ fn first_ts(batches: &[RecordBatch]) -> Option<i64> {
 fn save_state(path: &std::path::Path, state: &LedgerState) -> Result<(), LedgerError> {
     Ok(crate::statefile::save_json(path, state)?)
 }
+mod metrics;
+mod rows;
 
-/// `gpu_cost_hourly` rows being built, in its wire schema.
-#[derive(Default)]
-struct CostRows {
-    hour: Vec<i64>,
-    cluster: Vec<Option<String>>,
-    host: Vec<String>,
-    gpu_uuid: Vec<String>,
-    gpu_model: Vec<String>,
-    team: Vec<String>,
-    seconds: [Vec<i128>; 7],
-    money: [Vec<Option<i128>>; 4],
-}
-
-impl CostRows {
-    fn len(&self) -> usize {
-        self.hour.len()
-    }
-
-    fn push(
-        &mut self,
-        hour: i64,
-        g: &GpuWindows,
-        uuid: &str,
-        team: &str,
-        m: &apron_cost::StateMicros,
-        money: Option<&apron_cost::HourMoney>,
-    ) {
-        self.hour.push(hour);
-        self.cluster.push(g.meta.cluster.clone());
-        self.host.push(g.meta.host.clone());
-        self.gpu_uuid.push(uuid.to_owned());
-        self.gpu_model.push(g.meta.model.clone());
-        self.team.push(team.to_owned());
-        // Microseconds are the Decimal128(18, 6) seconds' unscaled integer.
-        let secs =
-            [m.active, m.allocated_idle, m.stranded, m.unallocated_idle, m.unallocated_busy, m.unknown, m.underused];
-        for (col, v) in self.seconds.iter_mut().zip(secs) {
-            col.push(i128::from(v));
-        }
-        let cash = money.map(|x| [x.price_per_gpu_hour, x.cost_usd, x.idle_cost_usd, x.stranded_cost_usd]);
-        for (k, col) in self.money.iter_mut().enumerate() {
-            col.push(cash.map(|c| i128::from(c[k].0)));
-        }
-    }
-
-    fn finish(self) -> Result<RecordBatch, LedgerError> {
-        let schema = Table::GpuCostHourly.schema();
-        let dec = |v: Vec<Option<i128>>| -> Result<ArrayRef, LedgerError> {
-            Ok(std::sync::Arc::new(
-                Decimal128Array::from(v)
-                    .with_precision_and_scale(18, 6)
-                    .map_err(|source| LedgerError::Arrow { what: "money", source })?,
-            ))
-        };
-        let mut cols: Vec<ArrayRef> = vec![
-            std::sync::Arc::new(TimestampMicrosecondArray::from(self.hour).with_timezone("UTC")),
-            std::sync::Arc::new(StringArray::from(self.cluster)),
-            std::sync::Arc::new(StringArray::from(self.host)),
-            std::sync::Arc::new(StringArray::from(self.gpu_uuid)),
-            std::sync::Arc::new(StringArray::from(self.gpu_model)),
-            std::sync::Arc::new(StringArray::from(self.team)),
-        ];
-        for s in self.seconds {
-            cols.push(dec(s.into_iter().map(Some).collect())?);
-        }
-        for m in self.money {
-            cols.push(dec(m)?);
-        }
-        RecordBatch::try_new(schema, cols).map_err(|source| LedgerError::Arrow { what: "gpu_cost_hourly rows", source })
-    }
-}
-
-/// One `allocations` row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct AllocRow {
-    gpu_uuid: String,
-    host: String,
-    start: i64,
-    end: Option<i64>,
-    owner_kind: String,
-    owner: String,
-    team: String,
-    workload_kind: Option<String>,
-    interruptible: bool,
-    source: String,
-    cluster: Option<String>,
-    held_through: i64,
-}
-
-impl AllocRow {
-    fn new(uuid: &str, g: &GpuWindows, (start, end, held): (i64, Option<i64>, i64), h: &Resolved) -> AllocRow {
-        AllocRow {
-            gpu_uuid: uuid.to_owned(),
-            host: g.meta.host.clone(),
-            start,
-            end,
-            owner_kind: h.owner.kind.as_str().to_owned(),
-            owner: h.owner.owner.clone(),
-            team: h.team.clone(),
-            workload_kind: h.workload_kind.clone(),
-            interruptible: h.interruptible,
-            source: h.owner.kind.source().to_owned(),
-            cluster: g.meta.cluster.clone(),
-            held_through: end.unwrap_or(held),
-        }
-    }
-
-    /// Whether a stored row is `h`'s: the owner and everything resolved from it (the
-    /// row does not keep the owner's labels, so a relabelled holder of the same name
-    /// whose team did not change counts as the same).
-    fn same_holder(&self, h: &Resolved) -> bool {
-        self.owner_kind == h.owner.kind.as_str()
-            && self.owner == h.owner.owner
-            && self.team == h.team
-            && self.workload_kind == h.workload_kind
-            && self.interruptible == h.interruptible
-    }
-
-    /// The rows of a batch in the `allocations` schema.
-    fn read(b: &RecordBatch) -> Vec<AllocRow> {
-        let s = |i: usize| b.column(i).as_string::<i32>();
-        let opt = |i: usize, r: usize| (!s(i).is_null(r)).then(|| s(i).value(r).to_owned());
-        let t = |i: usize| b.column(i).as_primitive::<TimestampMicrosecondType>();
-        let tv = |i: usize, r: usize| (!t(i).is_null(r)).then(|| t(i).value(r));
-        let flag = b.column(8).as_boolean();
-        (0..b.num_rows())
-            .map(|r| {
-                let end = tv(3, r);
-                AllocRow {
-                    gpu_uuid: s(0).value(r).to_owned(),
-                    host: s(1).value(r).to_owned(),
-                    start: t(2).value(r),
-                    end,
-                    owner_kind: s(4).value(r).to_owned(),
-                    owner: s(5).value(r).to_owned(),
-                    team: s(6).value(r).to_owned(),
-                    workload_kind: opt(7, r),
-                    interruptible: flag.value(r),
-                    source: s(9).value(r).to_owned(),
-                    cluster: opt(10, r),
-                    // Files written before the column: the end, or the start.
-                    held_through: tv(11, r).or(end).unwrap_or_else(|| t(2).value(r)),
-                }
-            })
-            .collect()
-    }
-}
-
-/// `allocations` rows being built.
-#[derive(Default)]
-struct AllocRows {
-    rows: Vec<AllocRow>,
-}
-
-impl AllocRows {
-    fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    fn finish(self) -> Result<RecordBatch, LedgerError> {
-        let t = |v: Vec<Option<i64>>| std::sync::Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"));
-        let col = |f: &dyn Fn(&AllocRow) -> Option<String>| -> ArrayRef {
-            std::sync::Arc::new(StringArray::from(self.rows.iter().map(f).collect::<Vec<_>>()))
-        };
-        let cols: Vec<ArrayRef> = vec![
-            col(&|r| Some(r.gpu_uuid.clone())),
-            col(&|r| Some(r.host.clone())),
-            t(self.rows.iter().map(|r| Some(r.start)).collect()),
-            t(self.rows.iter().map(|r| r.end).collect()),
-            col(&|r| Some(r.owner_kind.clone())),
-            col(&|r| Some(r.owner.clone())),
-            col(&|r| Some(r.team.clone())),
-            col(&|r| r.workload_kind.clone()),
-            std::sync::Arc::new(BooleanArray::from(self.rows.iter().map(|r| r.interruptible).collect::<Vec<_>>())),
-            col(&|r| Some(r.source.clone())),
-            col(&|r| r.cluster.clone()),
-            t(self.rows.iter().map(|r| Some(r.held_through)).collect()),
-        ];
-        RecordBatch::try_new(Table::Allocations.schema(), cols)
-            .map_err(|source| LedgerError::Arrow { what: "allocations rows", source })
-    }
-}
+pub use metrics::CostMetrics;
+use rows::{AllocRow, AllocRows, CostRows};
 
 impl Ledger {
     /// Runs a pass every `interval`, refreshing `metrics` after each, until the task is
@@ -1278,101 +1102,5 @@ impl Ledger {
                 tracing::warn!(error = %e, "cost ledger: refreshing /metrics");
             }
         }
-    }
-}
-
-/// Totals of the stored `gpu_cost_hourly`, refreshed after every ledger pass, for the
-/// server's `/metrics`: `apron_idle_cost_dollars_total{team,kind}` and
-/// `apron_gpu_seconds_total{team,state}`. They are sums over the rows the store holds
-/// (derived retention, 400 d by default), so a recomputation or retention can lower
-/// them; `rate()` over them is still right between such events.
-#[derive(Debug, Default, Clone)]
-pub struct CostMetrics {
-    inner: Arc<std::sync::Mutex<Totals>>,
-}
-
-#[derive(Debug, Default)]
-struct Totals {
-    /// (team, kind) → dollars.
-    idle: Vec<(String, &'static str, f64)>,
-    /// (team, state) → seconds.
-    seconds: Vec<(String, &'static str, f64)>,
-}
-
-const STATES: [&str; 7] =
-    ["active", "allocated_idle", "stranded", "unallocated_idle", "unallocated_busy", "unknown", "underused"];
-
-impl CostMetrics {
-    fn set(&self, totals: Totals) {
-        *self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = totals;
-    }
-}
-
-impl prometheus_client::collector::Collector for CostMetrics {
-    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::MetricType;
-        use prometheus_client::metrics::counter::ConstCounter;
-        let t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut d = enc.encode_descriptor(
-            "apron_idle_cost_dollars",
-            "Idle cost in US dollars by team and kind (allocated_idle, stranded, unallocated_idle), summed over the stored gpu_cost_hourly rows.",
-            None,
-            MetricType::Counter,
-        )?;
-        for (team, kind, v) in &t.idle {
-            let labels = vec![("team".to_owned(), team.clone()), ("kind".to_owned(), (*kind).to_owned())];
-            ConstCounter::new(*v).encode(d.encode_family(&labels)?)?;
-        }
-        let mut d = enc.encode_descriptor(
-            "apron_gpu",
-            "GPU time by team and state (exclusive states; underused is a part of active), summed over the stored gpu_cost_hourly rows.",
-            Some(&prometheus_client::registry::Unit::Seconds),
-            MetricType::Counter,
-        )?;
-        for (team, state, v) in &t.seconds {
-            let labels = vec![("team".to_owned(), team.clone()), ("state".to_owned(), (*state).to_owned())];
-            ConstCounter::new(*v).encode(d.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-}
-
-impl Ledger {
-    /// Refreshes `metrics` from the stored `gpu_cost_hourly`.
-    pub async fn refresh_metrics(&self, metrics: &CostMetrics) -> Result<(), LedgerError> {
-        let cols = STATES.map(|s| format!("CAST(sum({s}_s) AS DOUBLE)")).join(", ");
-        let sql = format!(
-            // The difference in exact decimals, then one conversion to a float.
-            "SELECT team, {cols}, CAST(sum(coalesce(idle_cost_usd, 0)) AS DOUBLE), \
-             CAST(sum(coalesce(stranded_cost_usd, 0)) AS DOUBLE), \
-             CAST(sum(coalesce(idle_cost_usd, 0) - coalesce(stranded_cost_usd, 0)) AS DOUBLE) \
-             FROM gpu_cost_hourly GROUP BY team ORDER BY team"
-        );
-        let mut totals = Totals::default();
-        for b in self.query(&sql).await? {
-            let team = b.column(0).as_string::<i32>();
-            let f = |i: usize, r: usize| {
-                let c = b.column(i).as_primitive::<Float64Type>();
-                if c.is_null(r) { 0.0 } else { c.value(r) }
-            };
-            for r in 0..b.num_rows() {
-                let name = team.value(r).to_owned();
-                for (i, state) in STATES.iter().enumerate() {
-                    totals.seconds.push((name.clone(), state, f(1 + i, r)));
-                }
-                let (idle, stranded, allocated_idle) = (f(8, r), f(9, r), f(10, r));
-                // A row is either the `unallocated` team's (all its idle is unallocated
-                // idle) or a holder's team (allocated idle + stranded).
-                if name == apron_cost::UNALLOCATED {
-                    totals.idle.push((name, "unallocated_idle", idle));
-                } else {
-                    totals.idle.push((name.clone(), "stranded", stranded));
-                    totals.idle.push((name, "allocated_idle", allocated_idle));
-                }
-            }
-        }
-        metrics.set(totals);
-        Ok(())
     }
 }
