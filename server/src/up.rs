@@ -160,7 +160,17 @@ impl Up {
         let token = random_token()?;
         let configured = options.config.is_some();
         let file = options.config.take().unwrap_or_default();
-        let store_config = StoreConfig { data_dir: data_dir.clone(), ..file.storage };
+        let mut store_config = StoreConfig { data_dir: data_dir.clone(), ..file.storage };
+        let mut rollup = file.rollup;
+        if !configured {
+            // One machine's GPUs: budgets sized for `up`'s memory targets (≤ 500 MiB peak,
+            // ≤ 300 MiB steady; docs/benchmarks.md, "Memory: `apron up` RSS"), half the
+            // server's defaults, which are sized for fleets.
+            store_config.memtable_max_bytes = UP_MEMTABLE_MAX_BYTES;
+            store_config.persist_max_bytes = UP_MEMTABLE_MAX_BYTES / 2;
+            store_config.compaction_memory_bytes = UP_COMPACTION_MEMORY_BYTES;
+            rollup.gpus_per_query = UP_ROLLUP_GPUS_PER_QUERY;
+        }
         let ingest = IngestOptions { tokens: vec![token.clone()], ..IngestOptions::default() };
         let query = file.query;
         let server =
@@ -191,7 +201,7 @@ impl Up {
             })?;
         }
         let server = server
-            .with_rollup(file.rollup)
+            .with_rollup(rollup)
             .with_cost(cost)?
             .with_report(file.report)
             .with_alerts(file.alerts)
@@ -256,6 +266,17 @@ impl Up {
                 match crate::backfill::run(&store, &sim, UnixMicros::now(), span, window) {
                     Ok(done) => {
                         println!("  seeded         {} GPU windows, {} process rows", done.windows, done.processes);
+                        // Merge the seeded days that are finished into their day files now,
+                        // before the first rollup pass: rolled up from the seed's many
+                        // files, a day would be rolled up again after its merge a minute
+                        // later, and the merge and the rollup would run in the same second
+                        // (measured: the peak of `apron up`).
+                        if let Err(e) = store.persist_now() {
+                            tracing::warn!("persisting the seeded history: {e}");
+                        }
+                        for e in store.maintain_now().errors {
+                            tracing::warn!("merging the seeded days: {e}");
+                        }
                         // Price the seeded history and look for stranded GPUs now rather
                         // than at the next tick: the first page never says "nothing is
                         // firing" beside a red heatmap.
@@ -398,6 +419,14 @@ async fn open_agent(
     let choice = SourceChoice { kind: Some(SourceKind::Sim), gpus: source.inventory().len(), fallback_reason };
     Ok((Some(Agent { config, source, listener }), choice))
 }
+
+/// `up`'s memtable budget without a config (the server's default: 256 MiB).
+const UP_MEMTABLE_MAX_BYTES: u64 = 128 << 20;
+/// `up`'s compaction budget without a config (the server's default: 128 MiB).
+const UP_COMPACTION_MEMORY_BYTES: usize = 64 << 20;
+/// GPUs per rollup query without a config (the server's default: 64): `up`'s 16 GPUs
+/// in four slices, so the minute rollup of a seeded day is not one scan of it.
+const UP_ROLLUP_GPUS_PER_QUERY: usize = 4;
 
 /// Where the simulated fleet's job cycles start, kept beside the data.
 const SIM_ORIGIN_FILE: &str = "sim-origin.json";
