@@ -199,29 +199,18 @@ impl ClassifyConfig {
 
     /// The idle rule as an SQL expression over a `gpu_samples` row: true (idle), false
     /// (busy) or NULL (no signal), generated from [`ClassifyConfig::idle_rule`]. Stored
-    /// signals are never NaN, so `IS NOT NULL` is the classifier's "finite".
+    /// signals are never NaN, so `IS NOT NULL` is the classifier's "finite"; thresholds
+    /// are finite ([`ClassifyConfig::validate`]), so `{}` writes a valid literal.
     pub fn idle_sql(&self) -> String {
         let arms: Vec<String> = self
             .idle_rule()
             .iter()
             .map(|t| {
                 let (c, op) = (t.signal.column(), if t.cmp == Cmp::Below { "<" } else { "<=" });
-                format!("WHEN {c} IS NOT NULL THEN CAST({c} AS DOUBLE) {op} {}", sql_number(t.threshold))
+                format!("WHEN {c} IS NOT NULL THEN CAST({c} AS DOUBLE) {op} {}", t.threshold)
             })
             .collect();
         format!("(CASE {} END)", arms.join(" "))
-    }
-}
-
-/// A threshold as an SQL literal (a non-finite one, which no sane config holds, compares
-/// like the classifier's: NaN never holds, ±∞ bound nothing).
-fn sql_number(v: f64) -> String {
-    if v.is_nan() {
-        "CAST('NaN' AS DOUBLE)".to_owned()
-    } else if v.is_infinite() {
-        format!("CAST('{}inf' AS DOUBLE)", if v < 0.0 { "-" } else { "" })
-    } else {
-        format!("{v}")
     }
 }
 

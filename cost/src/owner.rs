@@ -37,6 +37,13 @@ pub enum OwnerKind {
 }
 
 impl OwnerKind {
+    pub const ALL: [OwnerKind; 4] = [
+        OwnerKind::Holder(HolderKind::Pod),
+        OwnerKind::Holder(HolderKind::SlurmJob),
+        OwnerKind::Static,
+        OwnerKind::Process,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             OwnerKind::Holder(k) => k.as_str(),
@@ -58,13 +65,7 @@ impl OwnerKind {
     /// The kind an `owner_kind` column value names; `None` for a value no part of Apron
     /// writes.
     pub fn parse(s: &str) -> Option<OwnerKind> {
-        Some(match s {
-            "pod" => OwnerKind::Holder(HolderKind::Pod),
-            "slurm_job" => OwnerKind::Holder(HolderKind::SlurmJob),
-            "static" => OwnerKind::Static,
-            "process" => OwnerKind::Process,
-            _ => return None,
-        })
+        OwnerKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 
