@@ -23,7 +23,7 @@ command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client)
 # source launcher (tests/pg/Jdbc.java, from server/tests/server/pg_clients.rs).
 command -v java >/dev/null 2>&1 || need_apt+=(default-jdk-headless)
 [ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
-# Headless Chromium drives the web UI (tests/ui/chromium_check.py, from server/tests/server/ui.rs).
+# Headless Chromium drives the web UI (tests/ui/chromium_check.py, from server/tests/server.rs).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 if ((${#need_apt[@]})); then

@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use apron_common::{GpuHolder, GpuWindow, ProcessRow, UnixMicros};
+use apron_common::{GpuWindow, ProcessRow, UnixMicros};
 
 use crate::attribution::Attributor;
 use crate::exposition::{OwnerLabels, SamplerStats, SharedState};
@@ -240,7 +240,7 @@ impl Aggregation {
                     namespace: o.namespace.clone(),
                     container: o.container.clone(),
                 });
-                owners.push(owner.map(GpuHolder::from));
+                owners.push(owner);
             }
             self.aggregator.set_owners(owners);
         }

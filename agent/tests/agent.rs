@@ -11,13 +11,13 @@
 #[path = "agent/fuzz_regressions.rs"]
 mod fuzz_regressions;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use apron_test_support::{http_get, poll, tool};
+use apron_test_support::{http_get, poll, spawn_listening, tool};
 use serde_json::Value;
 
 #[path = "agent/tls.rs"]
@@ -60,18 +60,8 @@ impl Agent {
             std::fs::write(&path, s).expect("write scenario");
             cmd.env("FAKE_NVML_SCENARIO", path);
         }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("agent starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read stdout");
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            panic!("agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
-        };
+        cmd.stderr(std::fs::File::create(&stderr).expect("stderr file"));
+        let (child, addr, _) = spawn_listening(&mut cmd, "the agent", &stderr);
         Agent { child, addr, stderr, _dir: dir }
     }
 
@@ -781,21 +771,12 @@ use fake_collector::{FakeCollector, TOKEN};
 fn start_agent_env(args: &[&str], env: &[(&str, &str)]) -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
     let stderr = dir.path().join("stderr.log");
-    let mut child = Command::new(AGENT)
-        .args(args)
+    let mut cmd = Command::new(AGENT);
+    cmd.args(args)
         .args(["--listen", "127.0.0.1:0", "--hostname", "test-node"])
         .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-        .spawn()
-        .expect("agent starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read stdout");
-    let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-        let _ = child.kill();
-        panic!("agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
-    };
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+    let (child, addr, _) = spawn_listening(&mut cmd, "the agent", &stderr);
     Agent { child, addr, stderr, _dir: dir }
 }
 

@@ -8,13 +8,13 @@
 #![cfg(feature = "otlp")]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use apron_test_support::{http_get, poll};
+use apron_test_support::{http_get, poll, spawn_listening};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{
@@ -169,21 +169,12 @@ impl Agent {
         std::fs::write(&config, format!("[agent]\nsource = \"sim\"\n[samplers]\nprocesses = \"1s\"\n[otlp]\n{otlp}"))
             .expect("write config");
         let stderr = dir.path().join("stderr.log");
-        let mut child = Command::new(AGENT)
-            .arg("--config")
+        let mut cmd = Command::new(AGENT);
+        cmd.arg("--config")
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--hostname", "test-node"])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("agent starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read stdout");
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            panic!("agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
-        };
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+        let (child, addr, _) = spawn_listening(&mut cmd, "the agent", &stderr);
         Agent { child, addr, stderr, _dir: dir }
     }
 

@@ -66,5 +66,5 @@ pub use money::{Cents, Micros, Ratio};
 pub use owner::{Owner, OwnerKind, PROCESS_SAMPLE_REACH_US, ProcessUsers, Resolved};
 pub use pricebook::{GpuKey, Lookup, PriceBook, PriceKind, Quote, Unpriced};
 pub use report::{HourlyRow, IsoWeek, ReportInput, ShareUnallocated, StrandedFact, WeeklyReport};
-pub use runs::{Run, contiguous, holder_runs};
+pub use runs::{OPEN_RUN_STALE_US, Run, contiguous, holder_runs, run_ended};
 pub use team::{AllocationFacts, TeamConfig, UNASSIGNED};

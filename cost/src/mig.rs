@@ -117,9 +117,47 @@ pub fn unallocated_profile(free: u8) -> String {
     format!("{free}g.unallocated")
 }
 
+/// A MIG parent's windows as its unallocated capacity: held by nobody and idle (its
+/// activity is its instances', each priced on its own), so the classifier counts them
+/// unallocated and the parent is priced at `free/7` of its price under
+/// [`unallocated_profile`]`(free)`.
+pub fn parent_as_free_capacity(windows: &mut [crate::classify::Window]) {
+    for w in windows {
+        w.holder = None;
+        w.sm_active_max = Some(0.0);
+        w.gpu_util_max = Some(0.0);
+        w.sm_active_mean = Some(0.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parent_with_free_slices_is_unallocated_idle_capacity() {
+        use crate::classify::{ClassifyConfig, HolderId, Window};
+        // Two busy, held 60 s windows of a parent whose instances hold 3g + 2g: 2 slices free.
+        let busy = |end_s: i64| Window {
+            end_us: end_s * 1_000_000,
+            window_us: 60_000_000,
+            sm_active_max: Some(0.9),
+            gpu_util_max: Some(95.0),
+            sm_active_mean: Some(0.8),
+            holder: Some(HolderId(0)),
+        };
+        let mut windows = vec![busy(60), busy(120)];
+        assert_eq!(free_slices([Some("3g.40gb"), Some("2g.20gb")]), 2);
+        parent_as_free_capacity(&mut windows);
+        assert!(windows.iter().all(|w| w.holder.is_none()));
+        let classified =
+            crate::classify(&windows, &[], &ClassifyConfig::default(), 0, 3_600_000_000).expect("classify");
+        let hours = classified.hourly();
+        assert_eq!(hours.len(), 1, "{hours:?}");
+        assert_eq!(hours[0].micros.unallocated_idle, 120_000_000, "{:?}", hours[0]);
+        assert_eq!(hours[0].micros.active + hours[0].micros.unallocated_busy, 0);
+        assert_eq!(unallocated_profile(2), "2g.unallocated");
+    }
 
     #[test]
     fn classes_from_names_and_memory() {

@@ -29,6 +29,18 @@ impl Run {
     }
 }
 
+/// An open run whose newest window ended longer ago than this is over: the agent
+/// reports a GPU's holder with every window, so silence means the job is gone or the
+/// node is.
+pub const OPEN_RUN_STALE_US: i64 = 10 * 60_000_000;
+
+/// Whether a run is over at `now_us`: another holder's window came after it
+/// (`superseded`), or its newest window, ending at `last_end_us`, is older than
+/// [`OPEN_RUN_STALE_US`]. A run that is not over is still held (an open allocation).
+pub fn run_ended(superseded: bool, last_end_us: i64, now_us: i64) -> bool {
+    superseded || now_us.saturating_sub(last_end_us) > OPEN_RUN_STALE_US
+}
+
 /// Whether `next` continues `prev` in time (whatever their holders).
 pub fn contiguous(prev: &Window, next: &Window) -> bool {
     next.end_us.saturating_sub(next.window_us) <= prev.end_us.saturating_add(prev.window_us.max(next.window_us))
@@ -58,6 +70,17 @@ pub fn holder_runs(windows: &[Window]) -> Vec<Run> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_ends_when_superseded_or_silent_for_ten_minutes() {
+        let last = 1_000 * 1_000_000;
+        // Held: its newest window is 10 minutes old exactly, nobody followed.
+        assert!(!run_ended(false, last, last + 600 * 1_000_000));
+        // Silent one microsecond longer: over.
+        assert!(run_ended(false, last, last + 600 * 1_000_000 + 1));
+        // Another holder's window came after it: over, however recent.
+        assert!(run_ended(true, last, last + 1_000_000));
+    }
 
     const S: i64 = 1_000_000;
 

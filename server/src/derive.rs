@@ -10,7 +10,8 @@
 //!        E missing or stale (rollup::RawView::status against <data>/derived/rollup.json),
 //!        E's day merge done (or not coming within an hour: merge_pending):
 //!      inputs = raw files of day E (taken before the query)
-//!      for each slice of [rollup] gpus_per_query GPUs (64), in UUID order:
+//!      for each slice of [rollup] gpus_per_query GPUs (64; fewer when their minutes of
+//!      the day pass [rollup] minutes_per_query, 16,384: 11 whole days), in UUID order:
 //!        rows = QueryEngine::rollup_slice(minutes of E, slice)  — from gpu_samples only
 //!        ─► Store::replace_partition_sorted(gpu_samples_1m, E)   — written as they come
 //!      (the new file replaces the partition once the last slice is written)
@@ -76,14 +77,19 @@ pub struct RollupConfig {
     /// How often finished days are checked.
     #[serde(with = "apron_common::duration::at_least_1s")]
     pub interval: Duration,
-    /// A day is rolled up this many GPUs at a time and written as it comes, so memory
-    /// follows this, not the fleet's size.
+    /// A day is rolled up at most this many GPUs at a time and written as it comes, so
+    /// memory follows this, not the fleet's size.
     pub gpus_per_query: usize,
+    /// The most minute rows one query aggregates (counted from each GPU's first and last
+    /// minute of the day): what bounds a pass's memory, ~13 KB of aggregation state per
+    /// minute row (measured), so 16,384 ≈ 210 MB. A whole day is 1,440 minutes per GPU:
+    /// 11 GPUs a query. A GPU's day alone may pass it.
+    pub minutes_per_query: u64,
 }
 
 impl Default for RollupConfig {
     fn default() -> Self {
-        RollupConfig { enabled: true, interval: Duration::from_secs(60), gpus_per_query: 64 }
+        RollupConfig { enabled: true, interval: Duration::from_secs(60), gpus_per_query: 64, minutes_per_query: 16_384 }
     }
 }
 
@@ -143,7 +149,10 @@ pub struct Materializer {
     store: Arc<Store>,
     engine: Arc<QueryEngine>,
     state_path: std::path::PathBuf,
+    /// `[rollup] gpus_per_query` and `minutes_per_query`: a query takes at most that
+    /// many GPUs, and fewer where their minutes of the day would pass the budget.
     gpus_per_query: usize,
+    minutes_per_query: u64,
     /// One pass at a time, so a day is never materialized twice concurrently.
     pass: tokio::sync::Mutex<()>,
 }
@@ -158,6 +167,7 @@ impl Materializer {
             engine,
             state_path,
             gpus_per_query: config.gpus_per_query.max(1),
+            minutes_per_query: config.minutes_per_query.max(1),
             pass: tokio::sync::Mutex::new(()),
         }
     }
@@ -336,23 +346,30 @@ impl Materializer {
     /// they come — the day is never whole in memory.
     async fn materialize(&self, day: i64, date: &str, source: Source) -> Result<usize, DeriveError> {
         let minutes = Minutes::day(day);
+        // Each GPU's first and last minute: how many minute rows its slice will hold.
         let gpus_sql = match source {
             Source::Raw => format!(
-                "SELECT DISTINCT gpu_uuid FROM {} WHERE {} ORDER BY gpu_uuid",
+                "SELECT gpu_uuid, min(time), max(time) FROM {} WHERE {} GROUP BY gpu_uuid ORDER BY gpu_uuid",
                 rollup::RAW,
                 rollup::raw_filter(minutes)
             ),
             Source::Relabel { .. } => {
                 let (from, to) = (UnixMicros(day * DAY_US), UnixMicros((day + 1) * DAY_US));
                 format!(
-                    "SELECT DISTINCT gpu_uuid FROM {} WHERE time >= '{}' AND time <= '{}' ORDER BY gpu_uuid",
+                    "SELECT gpu_uuid, min(time), max(time) FROM {} WHERE time >= '{}' AND time <= '{}' \
+                     GROUP BY gpu_uuid ORDER BY gpu_uuid",
                     rollup::NAME,
                     from.to_rfc3339(),
                     to.to_rfc3339()
                 )
             }
         };
-        let gpus = crate::sqlutil::strings(&self.engine, &gpus_sql).await?;
+        let gpus = crate::sqlutil::gpu_spans(&self.engine, &gpus_sql).await?;
+        let minutes_of = |(_, lo, hi): &(String, i64, i64)| {
+            u64::try_from(hi.div_euclid(rollup::MINUTE_US) - lo.div_euclid(rollup::MINUTE_US) + 1).unwrap_or(1)
+        };
+        let weights: Vec<u64> = gpus.iter().map(minutes_of).collect();
+        let slices = crate::sqlutil::slices(&weights, self.gpus_per_query, self.minutes_per_query);
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Part>(2);
         let (store, owned_date) = (self.store.clone(), date.to_owned());
         let writer = tokio::task::spawn_blocking(move || {
@@ -367,8 +384,9 @@ impl Materializer {
         });
         let mut rows = 0;
         let produced: Result<(), DeriveError> = async {
-            for chunk in gpus.chunks(self.gpus_per_query) {
-                let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
+            for range in slices {
+                let chunk = &gpus[range];
+                let (Some((first, ..)), Some((last, ..))) = (chunk.first(), chunk.last()) else { continue };
                 let slice = GpuSlice { first, last };
                 let result = match source {
                     Source::Raw => self.engine.rollup_slice(minutes, slice).await,
@@ -423,7 +441,7 @@ mod tests {
         assert_eq!(c, RollupConfig::default());
         assert_eq!(c.interval, Duration::from_secs(60));
         let c: RollupConfig = toml::from_str("interval = \"5m\"\nenabled = false").expect("parse");
-        assert_eq!(c, RollupConfig { enabled: false, interval: Duration::from_secs(300), gpus_per_query: 64 });
+        assert_eq!(c, RollupConfig { enabled: false, interval: Duration::from_secs(300), ..RollupConfig::default() });
         assert!(toml::from_str::<RollupConfig>("interval = \"soon\"").is_err());
         assert!(toml::from_str::<RollupConfig>("interval = \"1ms\"").is_err());
         assert!(toml::from_str::<RollupConfig>("intervall = \"1m\"").is_err());

@@ -34,6 +34,56 @@ pub(crate) fn ts(us: i64) -> String {
     format!("TIMESTAMP '{}'", UnixMicros(us).to_rfc3339())
 }
 
+/// How many GPUs one read may take when each brings `per_gpu` rows and a read should
+/// hold at most `budget` rows: between 1 and `max_gpus`. The evaluators read a few GPUs
+/// at a time so that their memory follows the budget, not the fleet or the range.
+pub(crate) fn gpus_per_read(max_gpus: usize, budget: u64, per_gpu: u64) -> usize {
+    let by_budget = usize::try_from(budget / per_gpu.max(1)).unwrap_or(usize::MAX);
+    max_gpus.clamp(1, by_budget.max(1))
+}
+
+/// Consecutive slices of items weighing `weights` (rows each brings to a read), each
+/// slice at most `max_items` items and, where it has more than one, at most `budget`
+/// in weight: the reads of an evaluator that must hold a bounded number of rows
+/// however the items vary. An item heavier than `budget` is a slice of its own.
+pub(crate) fn slices(weights: &[u64], max_items: usize, budget: u64) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut weight) = (0, 0u64);
+    for (i, &w) in weights.iter().enumerate() {
+        if i > start && (i - start >= max_items.max(1) || weight.saturating_add(w) > budget) {
+            out.push(start..i);
+            (start, weight) = (i, 0);
+        }
+        weight = weight.saturating_add(w);
+    }
+    if start < weights.len() {
+        out.push(start..weights.len());
+    }
+    out
+}
+
+/// `(gpu_uuid, min(time), max(time))` rows of `sql`, in its order.
+pub(crate) async fn gpu_spans(engine: &QueryEngine, sql: &str) -> Result<Vec<(String, i64, i64)>, SqlError> {
+    use datafusion::arrow::datatypes::{DataType, TimestampMicrosecondType};
+    let shape = || SqlError::Shape { sql: sql.to_owned(), expected: "gpu_uuid, min(time), max(time)" };
+    let mut out = Vec::new();
+    for b in &batches(engine, sql).await? {
+        if b.num_columns() < 3 {
+            return Err(shape());
+        }
+        let uuids = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).map_err(|_| shape())?;
+        let uuids = uuids.as_string_opt::<i32>().ok_or_else(shape)?;
+        let lo = b.column(1).as_primitive_opt::<TimestampMicrosecondType>().ok_or_else(shape)?;
+        let hi = b.column(2).as_primitive_opt::<TimestampMicrosecondType>().ok_or_else(shape)?;
+        for r in 0..b.num_rows() {
+            if uuids.is_valid(r) && lo.is_valid(r) && hi.is_valid(r) {
+                out.push((uuids.value(r).to_owned(), lo.value(r), hi.value(r)));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The rows of `sql`, run as the server (unscoped, the server's share of query slots).
 pub(crate) async fn batches(engine: &QueryEngine, sql: &str) -> Result<Vec<RecordBatch>, SqlError> {
     engine
@@ -107,6 +157,27 @@ mod tests {
     use datafusion::prelude::SessionContext;
 
     use super::*;
+
+    #[test]
+    fn slices_hold_at_most_the_budget_and_the_count() {
+        // 1,440 minutes a GPU under 4,096: two at a time.
+        assert_eq!(slices(&[1_440; 5], 64, 4_096), vec![0..2, 2..4, 4..5]);
+        // Short days go further; the count still caps.
+        assert_eq!(slices(&[200; 5], 3, 4_096), vec![0..3, 3..5]);
+        // One item over the budget is read alone; nothing is lost or repeated.
+        assert_eq!(slices(&[10, 5_000, 10, 10], 64, 100), vec![0..1, 1..2, 2..4]);
+        assert_eq!(slices(&[], 64, 100), Vec::<std::ops::Range<usize>>::new());
+    }
+
+    #[test]
+    fn a_read_takes_as_many_gpus_as_the_budget_allows() {
+        // A whole day of 1 s windows under 250,000: 2 GPUs; an hour: all 64.
+        assert_eq!(gpus_per_read(64, 250_000, 86_400), 2);
+        assert_eq!(gpus_per_read(64, 250_000, 3_600), 64);
+        // Never none, even when one GPU alone is over the budget.
+        assert_eq!(gpus_per_read(64, 1_000, 86_400), 1);
+        assert_eq!(gpus_per_read(0, 1_000, 0), 1);
+    }
 
     /// The SQL form of the idle rule agrees with the classifier on every combination of
     /// present, absent and boundary signals, for the default and a custom config.

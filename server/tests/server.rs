@@ -39,7 +39,7 @@ mod schedule;
 mod transport;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -48,7 +48,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use apron_collector::{Store, StoreConfig, Table};
 use apron_common::wire::{encode_ipc, processes_to_batch, windows_to_batch};
 use apron_common::{Field, FieldStats, GpuIdentity, GpuUuid, GpuWindow, HostName, ProcessRow, UnixMicros};
-use apron_test_support::{KillOnDrop, dechunk, free_port, poll};
+use apron_test_support::{KillOnDrop, dechunk, free_port, poll, spawn_listening};
 use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMicrosecondType;
@@ -297,7 +297,7 @@ impl ServerProc {
                 });
             }
         }
-        let mut child = command
+        command
             .arg("serve")
             .arg("--config")
             .arg(config)
@@ -305,18 +305,8 @@ impl ServerProc {
             .env_remove("APRON_INGEST_TOKEN")
             .env_remove("APRON_HTTP")
             .env_remove("APRON_DATA")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file"))
-            .spawn()
-            .expect("apron starts");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let _ = stdout.read_line(&mut line);
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("apron serve did not start: {line:?}\n{}", std::fs::read_to_string(log).unwrap_or_default());
-        };
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file"));
+        let (child, addr, stdout) = spawn_listening(&mut command, "apron serve", log);
         ServerProc { child, addr, stderr: log.to_owned(), _stdout: stdout }
     }
 
@@ -373,23 +363,16 @@ impl AgentProc {
         )
         .expect("write agent config");
         let stderr = dir.join("agent.log");
-        let mut child = Command::new(agent_bin())
+        let mut command = Command::new(agent_bin());
+        command
             .args(["--source", "sim", "--collector", collector, "--hostname", "t", "--listen", "127.0.0.1:0"])
             .arg("--config")
             .arg(&config)
             .arg("--windows-out")
             .arg(windows_out)
             .env("APRON_COLLECTOR_TOKEN", TOKEN)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("agent log"))
-            .spawn()
-            .expect("apron-agent starts");
-        let mut line = String::new();
-        let _ = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line);
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            panic!("apron-agent did not start: {line:?}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
-        };
+            .stderr(std::fs::File::create(&stderr).expect("agent log"));
+        let (child, addr, _) = spawn_listening(&mut command, "apron-agent", &stderr);
         AgentProc { child, addr, stderr }
     }
 

@@ -1,14 +1,15 @@
 //! What Apron's integration test binaries share (a dev-dependency only; nothing here
 //! ships): waiting with a deadline instead of sleeping a guessed time, free loopback
 //! ports for child processes, children that are killed when a test fails, a minimal
-//! blocking HTTP/1.1 GET for loopback endpoints, and the external tools
+//! blocking HTTP/1.1 GET for loopback endpoints, the fuzz targets' kept inputs, and the
+//! external tools
 //! `scripts/install-test-tools.sh` installs (a missing one fails the test: tests never
 //! skip).
 
-use std::io::{Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Calls `f` every 50 ms until it returns `Some`, and returns that; panics naming
@@ -39,6 +40,50 @@ impl Drop for KillOnDrop {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Starts `command` (its stderr already pointed at `log`) with stdout piped and reads
+/// its first line, `listening on <addr>`: how `apron serve` and `apron-agent` announce
+/// the port they took for `127.0.0.1:0`. Returns the child, that address and the rest of
+/// stdout (hold it to keep the pipe open); kills the child and panics with `log`'s text
+/// when the line is anything else.
+pub fn spawn_listening(command: &mut Command, what: &str, log: &Path) -> (Child, SocketAddr, BufReader<ChildStdout>) {
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{what} does not start: {e}"));
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut line = String::new();
+    let _ = stdout.read_line(&mut line);
+    let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what} did not start: {line:?}\n{}", std::fs::read_to_string(log).unwrap_or_default());
+    };
+    (child, addr, stdout)
+}
+
+/// A fuzz target's kept inputs, for replay in a normal `cargo test` (no nightly, no
+/// fuzz crate): every file of `fuzz/regressions/<target>/` (crash inputs, kept after the
+/// fix), then of `fuzz/seeds/<target>/`, each sorted by name. Panics when there are no
+/// seeds. See docs/fuzzing.md.
+pub fn fuzz_inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let read = |kind: &str| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz").join(kind).join(target);
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+        let mut files: Vec<PathBuf> = entries.map(|e| e.expect("dir entry").path()).filter(|p| p.is_file()).collect();
+        files.sort();
+        files.into_iter().map(|p| (p.clone(), std::fs::read(&p).expect("read input"))).collect::<Vec<_>>()
+    };
+    let seeds = read("seeds");
+    assert!(!seeds.is_empty(), "fuzz/seeds/{target} holds the seed inputs");
+    let mut all = read("regressions");
+    all.extend(seeds);
+    all
+}
+
+/// Runs `run` on each of [`fuzz_inputs`]`(target)`; none may panic.
+pub fn replay_fuzz_inputs(target: &str, run: impl Fn(&[u8]) + std::panic::RefUnwindSafe) {
+    for (path, data) in fuzz_inputs(target) {
+        assert!(std::panic::catch_unwind(|| run(&data)).is_ok(), "{} panicked", path.display());
     }
 }
 

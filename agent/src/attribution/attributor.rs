@@ -61,47 +61,6 @@ impl ProcessAttribution {
     }
 }
 
-/// Who holds a GPU (by pod-resources or a Slurm file), whether or not it runs anything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuOwner {
-    /// True when pod-resources assigns the GPU to pods (then the owner is a pod, even
-    /// where several pods share it and none is named); false for a Slurm job.
-    pub held_by_pod: bool,
-    pub pod: Option<String>,
-    pub namespace: Option<String>,
-    pub container: Option<String>,
-    pub job_id: Option<String>,
-    pub user: Option<String>,
-    /// Slurm account, partition and QoS (Apron's prolog file only): the server maps the
-    /// account to a team and partition/QoS to a workload kind.
-    pub account: Option<String>,
-    pub partition: Option<String>,
-    pub qos: Option<String>,
-    /// The holding pod's labels (and selected annotations) as JSON object text, from the
-    /// Kubernetes API server where the agent watches it.
-    pub pod_labels: Option<String>,
-}
-
-impl From<GpuOwner> for GpuHolder {
-    /// The `gpu_samples` ownership columns: a pod when pod-resources names one (a Slurm
-    /// job on the same GPU still fills `job_id` and its fields), else the Slurm job.
-    fn from(o: GpuOwner) -> Self {
-        let base = match (&o.job_id, o.held_by_pod) {
-            (Some(job), false) => GpuHolder::slurm_job(job.clone()),
-            _ => GpuHolder::pod(o.namespace.clone(), o.pod.clone(), o.container.clone()),
-        };
-        GpuHolder {
-            job_id: o.job_id,
-            user: o.user,
-            account: o.account,
-            partition: o.partition,
-            qos: o.qos,
-            pod_labels: o.pod_labels,
-            ..base
-        }
-    }
-}
-
 /// Answers "whose is this process / GPU?" from a [`HostView`]'s facts.
 ///
 /// Call [`refresh`](Self::refresh) once per process-sampling tick, then
@@ -213,8 +172,13 @@ impl Attributor {
         }
     }
 
-    /// Who holds `gpu`, even with no process running on it; `None` when nobody does.
-    pub fn gpu_owner(&self, gpu: &GpuIdentity) -> Option<GpuOwner> {
+    /// Who holds `gpu`, even with no process running on it, as the `gpu_samples`
+    /// ownership columns; `None` when nobody does. A pod when pod-resources assigns the
+    /// GPU to pods (even where several share it and none is named; a Slurm job on the
+    /// same GPU still fills `job_id` and its fields), else the Slurm job. The job's
+    /// account, partition and QoS come from Apron's prolog file only: the server maps the
+    /// account to a team and partition/QoS to a workload kind.
+    pub fn gpu_owner(&self, gpu: &GpuIdentity) -> Option<GpuHolder> {
         let mut state = self.lock();
         let slurm = state.slurm_owner(&*self.host, gpu);
         let holders = state.devices.holders(gpu);
@@ -229,17 +193,19 @@ impl Attributor {
             (Some(ns), Some(name)) => self.host.pod_labels(ns, name),
             _ => None,
         };
-        Some(GpuOwner {
-            held_by_pod,
-            pod_labels,
-            pod: pod.pod,
-            namespace: pod.namespace,
-            container: pod.container,
-            job_id: (!job.job_id.is_empty()).then_some(job.job_id),
+        let job_id = (!job.job_id.is_empty()).then_some(job.job_id);
+        let base = match (&job_id, held_by_pod) {
+            (Some(job), false) => GpuHolder::slurm_job(job.clone()),
+            _ => GpuHolder::pod(pod.namespace, pod.pod, pod.container),
+        };
+        Some(GpuHolder {
+            job_id,
             user,
             account: job.account,
             partition: job.partition,
             qos: job.qos,
+            pod_labels,
+            ..base
         })
     }
 
@@ -532,20 +498,10 @@ mod tests {
     fn gpu_owners() {
         let a = attributor(host());
         a.refresh();
-        let pod_owner = GpuOwner {
-            held_by_pod: true,
-            pod: Some("train-0".into()),
-            namespace: Some("ml".into()),
-            container: Some("main".into()),
-            ..GpuOwner::default()
-        };
-        let job_owner = GpuOwner {
-            job_id: Some("99".into()),
-            user: Some("carol".into()),
-            account: Some("phys".into()),
-            ..GpuOwner::default()
-        };
-        let shared = GpuOwner { held_by_pod: true, namespace: Some("inf".into()), ..GpuOwner::default() };
+        let pod_owner = GpuHolder::pod(Some("ml".into()), Some("train-0".into()), Some("main".into()));
+        let job_owner =
+            GpuHolder { user: Some("carol".into()), account: Some("phys".into()), ..GpuHolder::slurm_job("99") };
+        let shared = GpuHolder::pod(Some("inf".into()), None, None);
         let cases = [
             (gpu("GPU-a", 0, None), Some(pod_owner)),
             (gpu("GPU-job", 2, None), Some(job_owner)),

@@ -35,7 +35,7 @@ use std::io;
 
 use apron_common::GpuIdentity;
 
-pub use attributor::{Attributor, GpuOwner, ProcessAttribution, ProcessSample};
+pub use attributor::{Attributor, ProcessAttribution, ProcessSample};
 pub use config::{AttributionConfig, KubernetesConfig};
 pub use host::RealHost;
 #[cfg(feature = "kubernetes")]

@@ -8,14 +8,6 @@ use std::path::{Path, PathBuf};
 
 use apron_agent::config::{FileConfig, Overrides};
 
-fn inputs(kind: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz").join(kind).join("agent_config");
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("dir entry").path()).filter(|p| p.is_file()).collect();
-    files.sort();
-    files.into_iter().map(|p| (p.clone(), std::fs::read(&p).expect("read input"))).collect()
-}
-
 /// The target's parse: a token file is read as `/dev/null`, never as named.
 fn parse(text: &str) -> Option<FileConfig> {
     let mut file = FileConfig::parse(text, Path::new("fuzz.toml")).ok()?;
@@ -41,11 +33,5 @@ fn run(data: &[u8]) {
 
 #[test]
 fn agent_config_fuzz_regressions_and_seeds_never_panic() {
-    let mut all = inputs("regressions");
-    let seeds = inputs("seeds");
-    assert!(!seeds.is_empty(), "fuzz/seeds/agent_config holds the seed configs");
-    all.extend(seeds);
-    for (path, data) in &all {
-        assert!(std::panic::catch_unwind(|| run(data)).is_ok(), "{} panicked", path.display());
-    }
+    apron_test_support::replay_fuzz_inputs("agent_config", run);
 }

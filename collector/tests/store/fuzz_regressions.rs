@@ -22,14 +22,6 @@ fn fuzz_dir(kind: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz").join(kind).join("ingest_decode")
 }
 
-/// The files of a corpus directory, sorted; none when it does not exist.
-fn inputs(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("dir entry").path()).filter(|p| p.is_file()).collect();
-    files.sort();
-    files.into_iter().map(|p| (p.clone(), std::fs::read(&p).expect("read input"))).collect()
-}
-
 /// What the fuzz target runs: `Store::ingest`'s validation (framing guard, wire decoder,
 /// storage conversion) with the default limits, for `table`.
 fn decode(table: Table, body: &[u8]) -> Result<Vec<RecordBatch>, String> {
@@ -41,8 +33,7 @@ fn decode(table: Table, body: &[u8]) -> Result<Vec<RecordBatch>, String> {
 
 #[test]
 fn ingest_decode_regressions_and_seeds_never_panic() {
-    let mut all = inputs(&fuzz_dir("regressions"));
-    all.extend(inputs(&fuzz_dir("seeds")));
+    let all = apron_test_support::fuzz_inputs("ingest_decode");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(StoreConfig {
         data_dir: dir.path().to_path_buf(),

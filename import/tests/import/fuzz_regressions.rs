@@ -4,18 +4,8 @@
 //! `Importer` calls as the target, and must give Ok or Err — never a panic — with the
 //! outcome's accounting intact. See docs/fuzzing.md.
 
-use std::path::{Path, PathBuf};
-
 use apron_common::UnixMicros;
 use apron_import::{Format, ImportOptions, ImportOutcome, Importer};
-
-fn inputs(kind: &str, target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz").join(kind).join(target);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("dir entry").path()).filter(|p| p.is_file()).collect();
-    files.sort();
-    files.into_iter().map(|p| (p.clone(), std::fs::read(&p).expect("read input"))).collect()
-}
 
 fn check(out: &ImportOutcome) {
     let skipped: u64 = out.skipped.values().sum();
@@ -45,22 +35,12 @@ fn json(data: &[u8]) {
     }
 }
 
-fn replay(target: &str, run: fn(&[u8])) {
-    let mut all = inputs("regressions", target);
-    let seeds = inputs("seeds", target);
-    assert!(!seeds.is_empty(), "fuzz/seeds/{target} holds the seed inputs");
-    all.extend(seeds);
-    for (path, data) in &all {
-        assert!(std::panic::catch_unwind(|| run(data)).is_ok(), "{} panicked", path.display());
-    }
-}
-
 #[test]
 fn import_text_fuzz_regressions_and_seeds_never_panic() {
-    replay("import_text", text);
+    apron_test_support::replay_fuzz_inputs("import_text", text);
 }
 
 #[test]
 fn import_json_fuzz_regressions_and_seeds_never_panic() {
-    replay("import_json", json);
+    apron_test_support::replay_fuzz_inputs("import_json", json);
 }

@@ -255,10 +255,6 @@ impl<E: Into<LedgerError>> From<E> for DayError {
 /// first pass over them computes them whole).
 const MEMO_DAYS: i64 = 2;
 
-/// An open allocation whose newest window is older than this is over (the agent
-/// reports a holder every window, so silence means the job is gone or the node is).
-const OPEN_RUN_STALE_US: i64 = 10 * 60_000_000;
-
 impl Ledger {
     /// Loads the price book (a bad one is an error: costs would be wrong).
     pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, config: CostConfig) -> Result<Ledger, LedgerError> {
@@ -302,10 +298,8 @@ impl Ledger {
 
     /// How many GPUs a query over `(lo, hi]` reads at once.
     fn gpus_per_query(&self, lo: i64, hi: i64) -> usize {
-        let per_gpu = ((hi - lo) / 1_000_000).max(1);
-        let budget = i64::try_from(self.config.windows_per_query).unwrap_or(i64::MAX);
-        let by_budget = usize::try_from(budget / per_gpu).unwrap_or(1);
-        self.config.gpus_per_query.clamp(1, by_budget.max(1))
+        let per_gpu = u64::try_from((hi - lo) / 1_000_000).unwrap_or(0);
+        crate::sqlutil::gpus_per_read(self.config.gpus_per_query, self.config.windows_per_query, per_gpu)
     }
 
     /// Asks the running loop ([`Ledger::run`]) for a pass as soon as it can.
@@ -879,12 +873,7 @@ impl Ledger {
             from = day_start_of(from);
         }
         g.holders.clear();
-        for w in &mut g.windows {
-            w.holder = None;
-            w.sm_active_max = Some(0.0);
-            w.gpu_util_max = Some(0.0);
-            w.sm_active_mean = Some(0.0);
-        }
+        apron_cost::mig::parent_as_free_capacity(&mut g.windows);
         g.meta.mig_profile = Some(apron_cost::mig::unallocated_profile(free));
         self.cost_rows(parent, &g, from, to, out)
     }
@@ -995,7 +984,7 @@ impl Ledger {
         if hi < now_us {
             return self.run_end(uuid, kind, owner, hi, last, now_us).await;
         }
-        Ok(if now_us - last > OPEN_RUN_STALE_US { (Some(last), last) } else { (None, last) })
+        Ok((apron_cost::run_ended(false, last, now_us).then_some(last), last))
     }
 
     /// The end of the newest window of `r`'s holder before `before` (an open stored run
@@ -1017,7 +1006,7 @@ impl Ledger {
     /// newest window read ends at `last`: the newest window of the same owner after
     /// `after` and before the first window of another owner (or anyone's, if none
     /// followed) is its `held_through`; it has ended if another owner's window follows,
-    /// or if the newest is older than [`OPEN_RUN_STALE_US`] (silence); else it is still
+    /// or if the newest is older than [`apron_cost::OPEN_RUN_STALE_US`] (silence); else it is still
     /// held (`None`).
     #[allow(clippy::too_many_arguments)]
     async fn run_end(
@@ -1041,7 +1030,7 @@ impl Ledger {
         let newest =
             self.query(&format!("SELECT max(time) FROM gpu_samples WHERE {base}{before_next} AND {same}")).await?;
         let last = first_ts(&newest).unwrap_or(last);
-        let ended = first_ts(&next).is_some() || now_us - last > OPEN_RUN_STALE_US;
+        let ended = apron_cost::run_ended(first_ts(&next).is_some(), last, now_us);
         Ok((ended.then_some(last), last))
     }
 }

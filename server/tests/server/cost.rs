@@ -294,19 +294,12 @@ async fn ledger_and_weekly_report_match_the_hand_computed_trace() {
     running.await.expect("join").expect("server");
 }
 
-/// A plain HTTP/1.0 GET: (status, body).
+/// A GET asking for OpenMetrics text: (status, body).
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\nAccept: application/openmetrics-text\r\n\r\n").as_bytes())
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || apron_test_support::http_get(addr, &path, Some("application/openmetrics-text")))
         .await
-        .expect("send");
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.expect("read");
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
+        .expect("join")
 }
 
 /// The process-owner fallback: a GPU nobody holds, busy 10:00–10:40, whose process list

@@ -127,13 +127,11 @@ async fn capture() -> (SocketAddr, Arc<Mutex<Vec<Value>>>, tokio::task::JoinHand
 }
 
 async fn http_get(addr: SocketAddr, path: &str) -> Value {
-    let url = format!("http://{addr}{path}");
-    tokio::task::spawn_blocking(move || {
-        let mut r = ureq::get(&url).call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
-        serde_json::from_slice(&r.body_mut().read_to_vec().expect("body")).expect("json")
-    })
-    .await
-    .expect("join")
+    let path = path.to_owned();
+    let (status, body) =
+        tokio::task::spawn_blocking(move || apron_test_support::http_get(addr, &path, None)).await.expect("join");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("json")
 }
 
 async fn sql(server: &Server, q: &str) -> Vec<Value> {

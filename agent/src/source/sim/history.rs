@@ -99,8 +99,7 @@ impl<'a> History<'a> {
         self.host.set_time(UnixMicros(tick));
         // The simulator's facts are well-formed: refresh reports no problems worth keeping.
         let _ = self.attribution.refresh();
-        self.owners =
-            self.fleet.inventory().iter().map(|gpu| self.attribution.gpu_owner(gpu).map(GpuHolder::from)).collect();
+        self.owners = self.fleet.inventory().iter().map(|gpu| self.attribution.gpu_owner(gpu)).collect();
     }
 
     /// Windows still to come.
