@@ -140,6 +140,23 @@ async fn sql(server: &Server, q: &str) -> Vec<Value> {
     j["rows"].as_array().expect("rows").clone()
 }
 
+/// Every column of the server's own `table` reads unquoted, as in PostgreSQL (the
+/// stored tables are checked in the query crate's test): selected, filtered, grouped
+/// and ordered by.
+async fn every_column_reads_unquoted(server: &Server, table: &str) {
+    let q = format!(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = '{table}' ORDER BY ordinal_position"
+    );
+    let columns: Vec<String> = sql(server, &q).await.iter().map(|r| r[0].as_str().expect("name").to_owned()).collect();
+    assert!(columns.len() > 5, "{table}: {columns:?}");
+    for c in &columns {
+        sql(server, &format!("SELECT {c}, count(*) FROM {table} WHERE {c} IS NOT NULL OR {c} IS NULL GROUP BY {c} ORDER BY {c} LIMIT 3"))
+            .await;
+    }
+    let all = columns.join(", ");
+    sql(server, &format!("SELECT {all} FROM {table} ORDER BY {all} LIMIT 1")).await;
+}
+
 /// The GPUs and pods of the trace below.
 struct Cast {
     a: GpuIdentity,
@@ -326,6 +343,7 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     )
     .await;
     assert_eq!(rows[0][0], 5);
+    every_column_reads_unquoted(&server, "alerts").await;
 
     // Exempt by label: the notebook's stranded alert never fires.
     let dir2 = tempfile::tempdir().expect("tempdir");
@@ -689,4 +707,5 @@ async fn recommendations_match_the_price_books_arithmetic_with_replays() {
         .expect("rows")
         .clone()
     );
+    every_column_reads_unquoted(&server, "recommendations").await;
 }
