@@ -11,7 +11,9 @@
 //!                 affect D)            — nothing: skip (a past day's open runs: refresh)
 //!        F      = floor_h(unseen − S)  — hours ≥ F are recomputed, earlier ones kept
 //!      otherwise (first pass since start-up, or the day's files / price book /
-//!      thresholds changed): F = D, the whole day
+//!      thresholds changed): F = D, the whole day — over more than `catch_up_step`
+//!        (2 h) in steps: the passes the clock would have run at D + 2 h, D + 4 h, …,
+//!        now, each step's rows held in memory for the next, stored after the last
 //!      per GPU (MIG parents excluded: instances carry cost), windows in
 //!        (F − S, min(D + 1 d + S, now)]   S = the longest stranded_after (context)
 //!      → apron_cost::classify over [F, now's hour] (holders from the owner columns,
@@ -21,7 +23,8 @@
 //!        forward look when the run outlives the window; NULL while still held;
 //!        held_through: the end of the run's newest window seen), merged with the
 //!        stored runs that began before the windows read
-//!      Store::replace_partition(gpu_cost_hourly, D) (kept hours + new) and (allocations, D)
+//!      Store::replace_partition(gpu_cost_hourly, D) (kept hours + new) and (allocations, D),
+//!      once per pass and day
 //! ```
 //!
 //! Why the context S: a window's state depends only on data within S of it (the
@@ -78,9 +81,18 @@ pub struct CostConfig {
     pub gpus_per_query: usize,
     /// The most 1-second windows one query reads: what bounds a pass's memory (~200 B
     /// per window while a slice is read and parsed: 250,000 ≈ 50 MB). A whole day is
-    /// 86,400 windows per GPU, so it is read 2 GPUs at a time by default; an incremental
-    /// pass reads ~1.5 h per GPU, the full `gpus_per_query`.
+    /// 86,400 windows per GPU (2 GPUs a query); a catch-up step reads ~3.5 h per GPU
+    /// (19 GPUs), an incremental pass ~1.5 h (the full `gpus_per_query`).
     pub windows_per_query: u64,
+    /// A day computed whole over more than this (the first pass after a start-up or a
+    /// restore, a new price book) is caught up in steps of this length, each reading
+    /// only its own hours' files — a day at once makes every query read every file of
+    /// the day (tier-0 files hold every GPU for a few minutes) — and stored once, after
+    /// the last step, so that a report never sees part of a day. At least
+    /// `max(2 × S, S + 1 h)`, S the longest `stranded_after` (each step reads again
+    /// from an hour boundary S before the step before's end); `0s`: a day at once.
+    #[serde(with = "apron_common::duration")]
+    pub catch_up_step: Duration,
 }
 
 impl Default for CostConfig {
@@ -93,6 +105,7 @@ impl Default for CostConfig {
             teams: TeamConfig::default(),
             gpus_per_query: 64,
             windows_per_query: 250_000,
+            catch_up_step: Duration::from_secs(2 * 3600),
         }
     }
 }
@@ -404,12 +417,19 @@ impl Ledger {
             };
             let date = crate::derive::date_string(day);
             let started = std::time::Instant::now();
-            let mut result = self.compute_day(day, now_us, plan, memo.clone()).await;
+            let mut result = match plan {
+                Plan::Whole => self.compute_whole(day, now_us).await,
+                _ => self.compute_day(day, now_us, plan, memo.clone(), Prior::Stored).await,
+            };
             if matches!(result, Err(DayError::NeedsFull)) {
-                result = self.compute_day(day, now_us, Plan::Whole, None).await;
+                result = self.compute_day(day, now_us, Plan::Whole, None, Prior::Stored).await;
             }
+            let result = match result {
+                Ok((rows, memo)) => self.store_day(&date, rows).await.map(|n| (n, memo)).map_err(DayError::Failed),
+                Err(e) => Err(e),
+            };
             match result {
-                Ok((cost_rows, alloc_rows, memo)) => {
+                Ok(((cost_rows, alloc_rows), memo)) => {
                     let elapsed_ms = started.elapsed().as_millis() as u64;
                     let how = plan.describe();
                     tracing::info!(%date, %how, cost_rows, alloc_rows, elapsed_ms, "computed gpu_cost_hourly and allocations");
@@ -468,26 +488,62 @@ impl Ledger {
         Plan::From(Incremental { from_us: from_us.min(to_us), unseen_from_us: unseen })
     }
 
+    /// A day computed whole: at once, or — over more than `[cost] catch_up_step` — in
+    /// steps, as successive passes would have computed it had the clock stood at each
+    /// step's end (the path `server/tests/server/incremental.rs` proves equal to a whole
+    /// computation), each step keeping the rows of the one before from memory. Nothing
+    /// is stored until the last step.
+    async fn compute_whole(&self, day: i64, now_us: i64) -> Result<(DayRows, DayMemo), DayError> {
+        let s = self.config.classify.max_stranded_after_us();
+        let step = i64::try_from(self.config.catch_up_step.as_micros()).unwrap_or(i64::MAX);
+        let Bounds { day_start, hi, .. } = self.bounds(day, now_us);
+        // Each step reads again the hours from `floor_h(previous end − S)` and S before
+        // them: a step shorter than S + 1 h would go back to midnight every time.
+        let step = if step == 0 { step } else { step.max(2 * s).max(s + apron_cost::time::US_PER_HOUR) };
+        if step == 0 || hi - day_start <= step {
+            return self.compute_day(day, now_us, Plan::Whole, None, Prior::Stored).await;
+        }
+        let date = crate::derive::date_string(day);
+        let started = std::time::Instant::now();
+        let (mut rows, mut memo) = self.compute_day(day, day_start + step, Plan::Whole, None, Prior::Stored).await?;
+        let mut t = day_start + step;
+        while t < now_us {
+            // The last step is the pass itself (its clock, its bounds).
+            t = if t + step < hi { t + step } else { now_us };
+            let plan = self.plan(day, t, &memo, &Changed::default());
+            if plan == Plan::Nothing {
+                continue;
+            }
+            let whole = plan == Plan::Whole;
+            (rows, memo) = self.compute_day(day, t, plan, (!whole).then_some(memo), Prior::Held(&rows)).await?;
+            // Progress: a day of a large fleet takes minutes to catch up.
+            let through = UnixMicros(t.min(hi)).to_rfc3339();
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(%date, %through, elapsed_ms, "cost ledger: catching up a day (stored when complete)");
+        }
+        Ok((rows, memo))
+    }
+
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, LedgerError> {
         Ok(crate::sqlutil::batches(&self.engine, sql).await?)
     }
 
-    /// Recomputes day `day`'s partitions of `gpu_cost_hourly` and `allocations` as
-    /// `plan` says, starting from `memo` (what this process knew of the day; `None` for
-    /// a whole computation). Returns the rows written and the day's new memo.
+    /// Recomputes day `day`'s rows of `gpu_cost_hourly` and `allocations` as `plan`
+    /// says, starting from `memo` (what this process knew of the day; `None` for a
+    /// whole computation) and the rows of `prior`. Returns the day's rows and new memo.
     async fn compute_day(
         &self,
         day: i64,
         now_us: i64,
         plan: Plan,
         memo: Option<DayMemo>,
-    ) -> Result<(usize, usize, DayMemo), DayError> {
+        prior: Prior<'_>,
+    ) -> Result<(DayRows, DayMemo), DayError> {
         let s = self.config.classify.max_stranded_after_us();
         let Bounds { day_start, day_end, hi, to_us } = self.bounds(day, now_us);
-        let date = crate::derive::date_string(day);
         let inc = match (plan, memo) {
             (Plan::From(i), Some(m)) => Some((i, m)),
-            (Plan::OpenRuns, Some(m)) => return self.refresh_open_runs(day, hi, now_us, m).await,
+            (Plan::OpenRuns, Some(m)) => return self.refresh_open_runs(day, hi, now_us, m, prior).await,
             _ => None,
         };
         let from_us = inc.as_ref().map_or(day_start, |(i, _)| i.from_us);
@@ -518,10 +574,11 @@ impl Ledger {
         let mut allocs = AllocRows::default();
         let (mut kept_cost, mut stored) = (Vec::new(), BTreeMap::new());
         if inc.is_some() {
-            kept_cost = self.stored_cost_rows(day_start, from_us, &regrown).await?;
-            stored = self.stored_allocations(day_start, day_end).await?;
+            kept_cost = self.prior_cost_rows(prior, day_start, from_us, &regrown).await?;
+            stored = self.prior_allocations(prior, day_start, day_end).await?;
         }
         let gpus: Vec<String> = gpus.into_iter().filter(|g| !memo.parents.contains_key(g)).collect();
+        let mut looks = Vec::new();
         for slice in gpus.chunks(self.gpus_per_query(lo, hi)) {
             for (uuid, g) in self.gpu_windows_slice(slice, lo, hi, &memo.meta).await? {
                 // A GPU seen for the first time had no window before the part read: its
@@ -539,9 +596,10 @@ impl Ledger {
                 }
                 let kept = stored.remove(&uuid).unwrap_or_default();
                 let day_span = (day_start, day_end);
-                self.allocation_rows(&uuid, &g, day_span, (hi, now_us), unseen, kept, &mut allocs).await?;
+                self.allocation_rows(&uuid, &g, day_span, (hi, now_us), unseen, kept, &mut allocs, &mut looks).await?;
             }
         }
+        self.forward_looks(hi, now_us, &looks, &mut allocs.rows).await?;
         // Rows of GPUs that are MIG parents now (none had windows again): kept as they are.
         allocs.rows.extend(stored.into_values().flatten());
         for parent in memo.parents.keys().cloned().collect::<Vec<_>>() {
@@ -554,12 +612,8 @@ impl Ledger {
         memo.hi_us = hi;
         memo.to_us = to_us;
         memo.open = allocs.rows.iter().filter(|r| r.end.is_none()).count();
-        let (n_cost, n_alloc) = (cost.len() + kept_cost.iter().map(RecordBatch::num_rows).sum::<usize>(), allocs.len());
         kept_cost.push(cost.finish()?);
-        let alloc_batch = allocs.finish()?;
-        self.store_partitions(date, vec![(Table::GpuCostHourly, kept_cost), (Table::Allocations, vec![alloc_batch])])
-            .await?;
-        Ok((n_cost, n_alloc, memo))
+        Ok((DayRows { cost: Some(kept_cost), allocs: allocs.finish()? }, memo))
     }
 
     /// A past day with nothing new in its range whose open allocations may have ended
@@ -570,23 +624,81 @@ impl Ledger {
         hi: i64,
         now_us: i64,
         mut memo: DayMemo,
-    ) -> Result<(usize, usize, DayMemo), DayError> {
+        prior: Prior<'_>,
+    ) -> Result<(DayRows, DayMemo), DayError> {
         let (day_start, day_end) = (day * DAY_US, (day + 1) * DAY_US);
-        let mut allocs = AllocRows::default();
-        for (uuid, rows) in self.stored_allocations(day_start, day_end).await? {
+        let (mut allocs, mut looks) = (AllocRows::default(), Vec::new());
+        for (uuid, rows) in self.prior_allocations(prior, day_start, day_end).await? {
             for mut r in rows {
                 if r.end.is_none() {
                     (r.end, r.held_through) =
-                        self.run_end_at_list_end(&uuid, &r.owner_kind, &r.owner, r.held_through, hi, now_us).await?;
+                        run_end_at_list_end(&uuid, &r.owner_kind, &r.owner, r.held_through, hi, now_us, &mut looks);
                 }
                 allocs.rows.push(r);
             }
         }
+        self.forward_looks(hi, now_us, &looks, &mut allocs.rows).await?;
         memo.open = allocs.rows.iter().filter(|r| r.end.is_none()).count();
-        let n = allocs.len();
-        let batch = allocs.finish()?;
-        self.store_partitions(crate::derive::date_string(day), vec![(Table::Allocations, vec![batch])]).await?;
-        Ok((0, n, memo))
+        // The hours are as they were: stored ones stay, held ones go on.
+        let cost = match prior {
+            Prior::Stored => None,
+            Prior::Held(rows) => rows.cost.clone(),
+        };
+        Ok((DayRows { cost, allocs: allocs.finish()? }, memo))
+    }
+
+    /// Stores a day's rows (each table's partition replaced whole); the rows counted.
+    async fn store_day(&self, date: &str, rows: DayRows) -> Result<(usize, usize), LedgerError> {
+        let n_cost = rows.cost.iter().flatten().map(RecordBatch::num_rows).sum();
+        let n_alloc = rows.allocs.num_rows();
+        let mut parts = Vec::with_capacity(2);
+        if let Some(cost) = rows.cost {
+            parts.push((Table::GpuCostHourly, cost));
+        }
+        parts.push((Table::Allocations, vec![rows.allocs]));
+        self.store_partitions(date.to_owned(), parts).await?;
+        Ok((n_cost, n_alloc))
+    }
+
+    /// [`Ledger::stored_cost_rows`] from where `prior` says.
+    async fn prior_cost_rows(
+        &self,
+        prior: Prior<'_>,
+        day_start: i64,
+        before_us: i64,
+        skip: &BTreeSet<String>,
+    ) -> Result<Vec<RecordBatch>, LedgerError> {
+        let held = match prior {
+            Prior::Stored => return self.stored_cost_rows(day_start, before_us, skip).await,
+            Prior::Held(rows) => rows.cost.iter().flatten(),
+        };
+        held.map(|b| {
+            let (hour, uuid) = (b.column(0).as_primitive::<TimestampMicrosecondType>(), b.column(3).as_string::<i32>());
+            let keep: datafusion::arrow::array::BooleanArray = (0..b.num_rows())
+                .map(|r| Some((day_start..before_us).contains(&hour.value(r)) && !skip.contains(uuid.value(r))))
+                .collect();
+            datafusion::arrow::compute::filter_record_batch(b, &keep)
+                .map_err(|source| LedgerError::Arrow { what: "the rows kept", source })
+        })
+        .collect()
+    }
+
+    /// [`Ledger::stored_allocations`] from where `prior` says.
+    async fn prior_allocations(
+        &self,
+        prior: Prior<'_>,
+        day_start: i64,
+        day_end: i64,
+    ) -> Result<BTreeMap<String, Vec<AllocRow>>, LedgerError> {
+        let Prior::Held(rows) = prior else { return self.stored_allocations(day_start, day_end).await };
+        let mut out: BTreeMap<String, Vec<AllocRow>> = BTreeMap::new();
+        for r in AllocRow::read(&rows.allocs).into_iter().filter(|r| (day_start..day_end).contains(&r.start)) {
+            out.entry(r.gpu_uuid.clone()).or_default().push(r);
+        }
+        for runs in out.values_mut() {
+            runs.sort_by_key(|r| r.start);
+        }
+        Ok(out)
     }
 
     /// Replaces the `date` partition of each table, in order, off the async runtime.
@@ -924,6 +1036,7 @@ impl Ledger {
         unseen: Option<i64>,
         mut kept: Vec<AllocRow>,
         out: &mut AllocRows,
+        looks: &mut Vec<ForwardLook>,
     ) -> Result<(), LedgerError> {
         let w = &g.windows;
         let cut = w.first().map_or(i64::MAX, |x| x.end_us - x.window_us);
@@ -947,15 +1060,14 @@ impl Ledger {
             let (end, held) = if run.last + 1 < w.len() {
                 (Some(last), last)
             } else {
-                self.run_end_at_list_end(uuid, resolved.owner.kind.as_str(), &resolved.owner.owner, last, hi, now_us)
-                    .await?
+                run_end_at_list_end(uuid, resolved.owner.kind.as_str(), &resolved.owner.owner, last, hi, now_us, looks)
             };
             out.rows.push(AllocRow::new(uuid, g, (start, end, held), resolved));
         }
         for mut r in kept {
             if r.end.is_none() {
                 (r.end, r.held_through) = if w.is_empty() {
-                    self.run_end_at_list_end(uuid, &r.owner_kind, &r.owner, r.held_through, hi, now_us).await?
+                    run_end_at_list_end(uuid, &r.owner_kind, &r.owner, r.held_through, hi, now_us, looks)
                 } else {
                     // Windows came after it: it ended with its newest window.
                     let last = self.last_window_of(uuid, &r, cut).await?;
@@ -966,25 +1078,6 @@ impl Ledger {
         }
         out.rows.sort_by(|a, b| (&a.gpu_uuid, a.start).cmp(&(&b.gpu_uuid, b.start)));
         Ok(())
-    }
-
-    /// End and `held_through` of a run whose newest window read (ending at `last`) is
-    /// the last one read, the data read ending at `hi`: past `hi` (a day before today)
-    /// the next day's windows say; otherwise it is still held, unless its holder has
-    /// been silent too long.
-    async fn run_end_at_list_end(
-        &self,
-        uuid: &str,
-        kind: &str,
-        owner: &str,
-        last: i64,
-        hi: i64,
-        now_us: i64,
-    ) -> Result<(Option<i64>, i64), LedgerError> {
-        if hi < now_us {
-            return self.run_end(uuid, kind, owner, hi, last, now_us).await;
-        }
-        Ok((apron_cost::run_ended(false, last, now_us).then_some(last), last))
     }
 
     /// The end of the newest window of `r`'s holder before `before` (an open stored run
@@ -1002,37 +1095,135 @@ impl Ledger {
         Ok(first_ts(&self.query(&sql).await?).unwrap_or(r.held_through))
     }
 
-    /// The end of a run of `owner` whose windows were read up to `after` and whose
-    /// newest window read ends at `last`: the newest window of the same owner after
-    /// `after` and before the first window of another owner (or anyone's, if none
-    /// followed) is its `held_through`; it has ended if another owner's window follows,
-    /// or if the newest is older than [`apron_cost::OPEN_RUN_STALE_US`] (silence); else it is still
-    /// held (`None`).
-    #[allow(clippy::too_many_arguments)]
-    async fn run_end(
+    /// Ends the runs of `looks` (their windows read up to `after`, a finished day's
+    /// bound) from the windows after it, all with two scans per
+    /// [`FORWARD_LOOKS_PER_QUERY`] runs — one query per run read every later file once per
+    /// run: a finished day of 1,000 GPUs' open runs did not end in 6 minutes. For each:
+    /// the newest window of the same owner after `after` and before the first window of
+    /// another owner (or anyone's, if none followed) is its `held_through`; it has ended
+    /// if another owner's window follows, or if the newest is older than
+    /// [`apron_cost::OPEN_RUN_STALE_US`] (silence); else it is still held. The rows of
+    /// `rows` the looks stand for (open, same GPU, owner and `held_through`) take the
+    /// result.
+    async fn forward_looks(
         &self,
-        uuid: &str,
-        kind: &str,
-        owner: &str,
         after: i64,
-        last: i64,
         now_us: i64,
-    ) -> Result<(Option<i64>, i64), LedgerError> {
-        let same = format!("owner_kind = {} AND owner = {}", sql_str(kind), sql_str(owner));
-        let base = format!("gpu_uuid = {} AND time > {}", sql_str(uuid), ts(after));
-        let next = self
-            .query(&format!("SELECT min(time) FROM gpu_samples WHERE {base} AND NOT coalesce({same}, false)"))
-            .await?;
-        let before_next = match first_ts(&next) {
-            Some(next) => format!(" AND time < {}", ts(next)),
-            None => String::new(),
-        };
-        let newest =
-            self.query(&format!("SELECT max(time) FROM gpu_samples WHERE {base}{before_next} AND {same}")).await?;
-        let last = first_ts(&newest).unwrap_or(last);
-        let ended = apron_cost::run_ended(first_ts(&next).is_some(), last, now_us);
-        Ok((ended.then_some(last), last))
+        looks: &[ForwardLook],
+        rows: &mut [AllocRow],
+    ) -> Result<(), LedgerError> {
+        type Key = (String, String, String);
+        let mut ends: BTreeMap<Key, (i64, Option<i64>, i64)> = BTreeMap::new();
+        for chunk in looks.chunks(FORWARD_LOOKS_PER_QUERY) {
+            let keys: BTreeSet<Key> = chunk.iter().map(|l| (l.uuid.clone(), l.kind.clone(), l.owner.clone())).collect();
+            let gpus: BTreeSet<String> = keys.iter().map(|k| sql_str(&k.0)).collect();
+            let gpus = gpus.into_iter().collect::<Vec<_>>().join(", ");
+            let values = |bound: &dyn Fn(&Key) -> String| -> String {
+                keys.iter()
+                    .map(|k| format!("({}, {}, {}{})", sql_str(&k.0), sql_str(&k.1), sql_str(&k.2), bound(k)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let scan = format!("s.gpu_uuid IN ({gpus}) AND s.time > {}", ts(after));
+            let same = "s.owner_kind = o.k AND s.owner = o.w";
+            // The first window of another owner (or of nobody) after `after`, per run.
+            let next = self
+                .keyed_times(&format!(
+                    "SELECT o.g, o.k, o.w, min(s.time) FROM gpu_samples s JOIN (VALUES {}) AS o(g, k, w) \
+                     ON s.gpu_uuid = o.g WHERE {scan} AND NOT coalesce({same}, false) GROUP BY o.g, o.k, o.w",
+                    values(&|_| String::new())
+                ))
+                .await?;
+            // The newest window of the run's owner before that.
+            let newest = self
+                .keyed_times(&format!(
+                    "SELECT o.g, o.k, o.w, max(s.time) FROM gpu_samples s JOIN (VALUES {}) AS o(g, k, w, nxt) \
+                     ON s.gpu_uuid = o.g WHERE {scan} AND CAST(s.time AS BIGINT) < o.nxt AND {same} \
+                     GROUP BY o.g, o.k, o.w",
+                    values(&|k| format!(", {}", next.get(k).copied().unwrap_or(i64::MAX)))
+                ))
+                .await?;
+            for l in chunk {
+                let key = (l.uuid.clone(), l.kind.clone(), l.owner.clone());
+                let last = newest.get(&key).copied().unwrap_or(l.last);
+                let ended = apron_cost::run_ended(next.contains_key(&key), last, now_us);
+                ends.insert(key, (l.last, ended.then_some(last), last));
+            }
+        }
+        for r in rows.iter_mut().filter(|r| r.end.is_none()) {
+            let key = (r.gpu_uuid.clone(), r.owner_kind.clone(), r.owner.clone());
+            if let Some(&(looked_from, end, held)) = ends.get(&key)
+                && looked_from == r.held_through
+            {
+                (r.end, r.held_through) = (end, held);
+            }
+        }
+        Ok(())
     }
+
+    /// `(gpu, owner kind, owner) → time` from a query that selects them in that order.
+    async fn keyed_times(&self, sql: &str) -> Result<BTreeMap<(String, String, String), i64>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for b in self.query(sql).await? {
+            let s = |i: usize| b.column(i).as_string::<i32>();
+            let t = b.column(3).as_primitive::<TimestampMicrosecondType>();
+            for r in (0..b.num_rows()).filter(|&r| !t.is_null(r)) {
+                out.insert((s(0).value(r).to_owned(), s(1).value(r).to_owned(), s(2).value(r).to_owned()), t.value(r));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Runs whose end a forward look decides, per query: each brings a VALUES row and its
+/// GPU to the IN list; a query scans the windows after the day once, whatever the count.
+const FORWARD_LOOKS_PER_QUERY: usize = 1024;
+
+/// An open run at the end of a finished day's windows: whether and when it ended only
+/// the windows after the day tell ([`Ledger::forward_looks`], one scan for them all).
+struct ForwardLook {
+    uuid: String,
+    kind: String,
+    owner: String,
+    /// The end of its newest window read.
+    last: i64,
+}
+
+/// End and `held_through` of a run whose newest window read (ending at `last`) is the
+/// last one read, the data read ending at `hi`: past `hi` (a day before today) the next
+/// day's windows say — left open here and queued in `looks`; otherwise it is still
+/// held, unless its holder has been silent too long.
+fn run_end_at_list_end(
+    uuid: &str,
+    kind: &str,
+    owner: &str,
+    last: i64,
+    hi: i64,
+    now_us: i64,
+    looks: &mut Vec<ForwardLook>,
+) -> (Option<i64>, i64) {
+    if hi < now_us {
+        looks.push(ForwardLook { uuid: uuid.to_owned(), kind: kind.to_owned(), owner: owner.to_owned(), last });
+        return (None, last);
+    }
+    (apron_cost::run_ended(false, last, now_us).then_some(last), last)
+}
+
+/// A day's rows as computed, before they are stored.
+struct DayRows {
+    /// `gpu_cost_hourly`; `None`: the stored hours stand (only open runs were looked at).
+    cost: Option<Vec<RecordBatch>>,
+    allocs: RecordBatch,
+}
+
+/// Where a computation finds the rows it keeps (hours before those it recomputes,
+/// allocations that began before the windows it reads).
+#[derive(Clone, Copy)]
+enum Prior<'a> {
+    /// The stored partitions: what earlier passes stored.
+    Stored,
+    /// A catch-up's previous step, not stored yet.
+    Held(&'a DayRows),
 }
 
 /// Midnight (UTC) of the day of `t`.

@@ -24,10 +24,6 @@ pub(super) struct CostRows {
 }
 
 impl CostRows {
-    pub(super) fn len(&self) -> usize {
-        self.hour.len()
-    }
-
     pub(super) fn push(
         &mut self,
         hour: i64,
@@ -170,10 +166,6 @@ pub(super) struct AllocRows {
 }
 
 impl AllocRows {
-    pub(super) fn len(&self) -> usize {
-        self.rows.len()
-    }
-
     pub(super) fn finish(self) -> Result<RecordBatch, LedgerError> {
         let t = |v: Vec<Option<i64>>| std::sync::Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"));
         let col = |f: &dyn Fn(&AllocRow) -> Option<String>| -> ArrayRef {

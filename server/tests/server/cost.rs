@@ -463,3 +463,120 @@ async fn mig_instances_carry_cost_and_free_capacity_is_the_parents_unallocated_i
 async fn rows_of(engine: &std::sync::Arc<QueryEngine>, sql: &str) -> Vec<serde_json::Value> {
     rows(engine, sql).await
 }
+
+/// Runs still held at the end of a finished day end where the next day's windows say —
+/// all of them found by one forward look, not a query per run — and a run left open
+/// is closed by a later pass when its holder lets go (10 s windows; hand-computed):
+///
+/// | GPU | day D 22:00 → | after midnight | `allocations` row of D |
+/// | --- | --- | --- | --- |
+/// | X | ml/a | ml/a to 01:00, then ml/b | 22:00 – 01:00 (another owner followed) |
+/// | Y | job 7 to 23:50, then silent | — | 22:00 – 23:50 (silent > 10 min) |
+/// | Z | ml/c | ml/c to 03:00 (now) | 22:00 – open, held through 03:00; then ml/e from 03:10: ends 03:10 |
+/// | W | ml/d | ml/d to 00:45 (past the 00:30 read), then nobody | 22:00 – 00:45 |
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_open_at_midnight_end_where_the_next_days_windows_say() {
+    const MIN: i64 = 60 * SEC;
+    const MIDNIGHT: i64 = (D + 1) * DAY;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path());
+    let store = server.store().clone();
+    let pod = |name: &str| Some(GpuHolder::pod(Some("ml".into()), Some(name.into()), None));
+    let mut windows = Vec::new();
+    let mut seg = |uuid: &str, holder: Option<GpuHolder>, from: i64, to: i64| {
+        let id = GpuIdentity::gpu(
+            HostName::new("node-0").expect("host"),
+            GpuUuid::new(uuid).expect("uuid"),
+            0,
+            "NVIDIA H100 80GB HBM3",
+        );
+        let mut t = from + 10 * SEC;
+        while t <= to {
+            let mut w = GpuWindow::new(UnixMicros(t), Duration::from_secs(10), id.clone());
+            w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
+            w.owner = holder.clone();
+            windows.push(w);
+            t += 10 * SEC;
+        }
+    };
+    let start = MIDNIGHT - 120 * MIN;
+    seg("GPU-X", pod("a"), start, MIDNIGHT + 60 * MIN);
+    seg("GPU-X", pod("b"), MIDNIGHT + 60 * MIN, MIDNIGHT + 180 * MIN);
+    seg("GPU-Y", Some(GpuHolder::slurm_job("7")), start, MIDNIGHT - 10 * MIN);
+    seg("GPU-Z", pod("c"), start, MIDNIGHT + 180 * MIN);
+    seg("GPU-W", pod("d"), start, MIDNIGHT + 45 * MIN);
+    seg("GPU-W", None, MIDNIGHT + 45 * MIN, MIDNIGHT + 180 * MIN);
+    let mut seq = 0;
+    let mut send = |windows: &[GpuWindow]| {
+        let body = encode_ipc(&windows_to_batch(windows).expect("batch")).expect("ipc");
+        let req = IngestRequest { table: Table::GpuSamples, agent: "a", epoch: "e", sequence: seq, body: &body };
+        store.ingest(req).expect("ingest");
+        seq += 1;
+    };
+    send(&windows);
+    store.persist_now().expect("persist");
+    let server = server.with_cost(CostConfig::default()).expect("cost on");
+    let ledger = server.ledger().expect("ledger").clone();
+    let day_rows = || async {
+        rows(
+            server.engine(),
+            &format!(
+                "SELECT gpu_uuid, owner, CAST(start_time AS VARCHAR), CAST(end_time AS VARCHAR), \
+                 CAST(held_through AS VARCHAR) FROM allocations WHERE start_time < TIMESTAMP '{}' ORDER BY gpu_uuid",
+                UnixMicros(MIDNIGHT).to_rfc3339()
+            ),
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            r.as_array()
+                .expect("row")
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| "NULL".to_owned(), |s| s.chars().take(19).collect()))
+                .collect::<Vec<String>>()
+        })
+        .collect::<Vec<_>>()
+    };
+    let row = |gpu: &str, owner: &str, end: &str, held: &str| -> Vec<String> {
+        [gpu, owner, "2026-11-19T22:00:00", end, held].map(str::to_owned).to_vec()
+    };
+
+    let r = ledger.run_once(MIDNIGHT + 180 * MIN + 5 * SEC).await;
+    assert_eq!(r.errors, Vec::<String>::new());
+    assert_eq!(
+        day_rows().await,
+        vec![
+            row("GPU-W", "ml/d", "2026-11-20T00:45:00", "2026-11-20T00:45:00"),
+            row("GPU-X", "ml/a", "2026-11-20T01:00:00", "2026-11-20T01:00:00"),
+            row("GPU-Y", "7", "2026-11-19T23:50:00", "2026-11-19T23:50:00"),
+            row("GPU-Z", "ml/c", "NULL", "2026-11-20T03:00:00"),
+        ]
+    );
+
+    // Z's pod lets go at 03:10 (ml/e from then on): the next pass looks at D's open run
+    // alone and ends it with its newest window.
+    let mut more = Vec::new();
+    let mut seg_z = |holder: Option<GpuHolder>, from: i64, to: i64| {
+        let id = GpuIdentity::gpu(
+            HostName::new("node-0").expect("host"),
+            GpuUuid::new("GPU-Z").expect("uuid"),
+            0,
+            "NVIDIA H100 80GB HBM3",
+        );
+        let mut t = from + 10 * SEC;
+        while t <= to {
+            let mut w = GpuWindow::new(UnixMicros(t), Duration::from_secs(10), id.clone());
+            w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
+            w.owner = holder.clone();
+            more.push(w);
+            t += 10 * SEC;
+        }
+    };
+    seg_z(pod("c"), MIDNIGHT + 180 * MIN, MIDNIGHT + 190 * MIN);
+    seg_z(pod("e"), MIDNIGHT + 190 * MIN, MIDNIGHT + 200 * MIN);
+    send(&more);
+    let r = ledger.run_once(MIDNIGHT + 200 * MIN + 5 * SEC).await;
+    assert_eq!(r.errors, Vec::<String>::new());
+    assert!(r.plans.contains(&apron::ledger::Plan::OpenRuns), "{:?} {:?}", r.plans, r.computed);
+    assert_eq!(day_rows().await[3], row("GPU-Z", "ml/c", "2026-11-20T03:10:00", "2026-11-20T03:10:00"));
+}

@@ -192,22 +192,27 @@ async fn passes_over_new_data_equal_the_whole_computation() {
     // Whole: a day's first passes (their hours reach back to midnight anyway).
     assert!(partial * 4 >= passes * 3, "most passes were incremental: {partial} of {passes}");
 
-    // The same store, computed whole by a ledger that never saw it.
-    std::fs::remove_file(dir.path().join("data").join(apron::ledger::STATE_FILE)).expect("state file");
-    let whole = Ledger::new(store.clone(), server.engine().clone(), config).expect("ledger");
-    let r = whole.run_once(final_now).await;
-    assert_eq!(r.errors, Vec::<String>::new());
-    assert!(r.plans.iter().all(|p| *p == Plan::Whole), "{:?}", r.plans);
-    assert_eq!(r.computed.len(), 2, "{:?}", r.computed);
-    let recomputed = dump(server.engine()).await;
-    let only = |a: &[serde_json::Value], b: &[serde_json::Value]| -> Vec<serde_json::Value> {
-        a.iter().filter(|r| !b.contains(r)).cloned().collect()
-    };
-    let (left, right) = (only(&incremental, &recomputed), only(&recomputed, &incremental));
-    assert!(
-        left.is_empty() && right.is_empty() && incremental == recomputed,
-        "only incremental:\n{}\nonly whole:\n{}",
-        left.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"),
-        right.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-    );
+    // The same store, computed whole by a ledger that never saw it: caught up in steps
+    // of `catch_up_step` (the default, 2 h: 13 steps for the first day, 2 for the
+    // second), and at once.
+    for step in [config.catch_up_step, Duration::ZERO] {
+        std::fs::remove_file(dir.path().join("data").join(apron::ledger::STATE_FILE)).expect("state file");
+        let config = CostConfig { catch_up_step: step, ..config.clone() };
+        let whole = Ledger::new(store.clone(), server.engine().clone(), config).expect("ledger");
+        let r = whole.run_once(final_now).await;
+        assert_eq!(r.errors, Vec::<String>::new());
+        assert!(r.plans.iter().all(|p| *p == Plan::Whole), "{:?}", r.plans);
+        assert_eq!(r.computed.len(), 2, "{:?}", r.computed);
+        let recomputed = dump(server.engine()).await;
+        let only = |a: &[serde_json::Value], b: &[serde_json::Value]| -> Vec<serde_json::Value> {
+            a.iter().filter(|r| !b.contains(r)).cloned().collect()
+        };
+        let (left, right) = (only(&incremental, &recomputed), only(&recomputed, &incremental));
+        assert!(
+            left.is_empty() && right.is_empty() && incremental == recomputed,
+            "catch_up_step {step:?}: only incremental:\n{}\nonly whole:\n{}",
+            left.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"),
+            right.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        );
+    }
 }
