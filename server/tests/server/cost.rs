@@ -483,22 +483,7 @@ async fn runs_open_at_midnight_end_where_the_next_days_windows_say() {
     let store = server.store().clone();
     let pod = |name: &str| Some(GpuHolder::pod(Some("ml".into()), Some(name.into()), None));
     let mut windows = Vec::new();
-    let mut seg = |uuid: &str, holder: Option<GpuHolder>, from: i64, to: i64| {
-        let id = GpuIdentity::gpu(
-            HostName::new("node-0").expect("host"),
-            GpuUuid::new(uuid).expect("uuid"),
-            0,
-            "NVIDIA H100 80GB HBM3",
-        );
-        let mut t = from + 10 * SEC;
-        while t <= to {
-            let mut w = GpuWindow::new(UnixMicros(t), Duration::from_secs(10), id.clone());
-            w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
-            w.owner = holder.clone();
-            windows.push(w);
-            t += 10 * SEC;
-        }
-    };
+    let mut seg = |uuid: &str, holder, from, to| windows.extend(windows_of(uuid, holder, from, to));
     let start = MIDNIGHT - 120 * MIN;
     seg("GPU-X", pod("a"), start, MIDNIGHT + 60 * MIN);
     seg("GPU-X", pod("b"), MIDNIGHT + 60 * MIN, MIDNIGHT + 180 * MIN);
@@ -555,28 +540,29 @@ async fn runs_open_at_midnight_end_where_the_next_days_windows_say() {
 
     // Z's pod lets go at 03:10 (ml/e from then on): the next pass looks at D's open run
     // alone and ends it with its newest window.
-    let mut more = Vec::new();
-    let mut seg_z = |holder: Option<GpuHolder>, from: i64, to: i64| {
-        let id = GpuIdentity::gpu(
-            HostName::new("node-0").expect("host"),
-            GpuUuid::new("GPU-Z").expect("uuid"),
-            0,
-            "NVIDIA H100 80GB HBM3",
-        );
-        let mut t = from + 10 * SEC;
-        while t <= to {
-            let mut w = GpuWindow::new(UnixMicros(t), Duration::from_secs(10), id.clone());
-            w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
-            w.owner = holder.clone();
-            more.push(w);
-            t += 10 * SEC;
-        }
-    };
-    seg_z(pod("c"), MIDNIGHT + 180 * MIN, MIDNIGHT + 190 * MIN);
-    seg_z(pod("e"), MIDNIGHT + 190 * MIN, MIDNIGHT + 200 * MIN);
+    let mut more = windows_of("GPU-Z", pod("c"), MIDNIGHT + 180 * MIN, MIDNIGHT + 190 * MIN);
+    more.extend(windows_of("GPU-Z", pod("e"), MIDNIGHT + 190 * MIN, MIDNIGHT + 200 * MIN));
     send(&more);
     let r = ledger.run_once(MIDNIGHT + 200 * MIN + 5 * SEC).await;
     assert_eq!(r.errors, Vec::<String>::new());
     assert!(r.plans.contains(&apron::ledger::Plan::OpenRuns), "{:?} {:?}", r.plans, r.computed);
     assert_eq!(day_rows().await[3], row("GPU-Z", "ml/c", "2026-11-20T03:10:00", "2026-11-20T03:10:00"));
+}
+
+/// 10 s windows of one busy GPU on node-0 ending in `(from, to]`, held by `holder`.
+fn windows_of(uuid: &str, holder: Option<GpuHolder>, from: i64, to: i64) -> Vec<GpuWindow> {
+    let id = GpuIdentity::gpu(
+        HostName::new("node-0").expect("host"),
+        GpuUuid::new(uuid).expect("uuid"),
+        0,
+        "NVIDIA H100 80GB HBM3",
+    );
+    (1..=(to - from) / (10 * SEC))
+        .map(|k| {
+            let mut w = GpuWindow::new(UnixMicros(from + k * 10 * SEC), Duration::from_secs(10), id.clone());
+            w.fields[Field::SmActive.index()] = stats(0.5, 0.6);
+            w.owner = holder.clone();
+            w
+        })
+        .collect()
 }
