@@ -15,7 +15,7 @@
 //!          reports rows older than the carried read (late and backfilled data count
 //!          like live data), when a fed GPU turns out to be a MIG parent, or without a
 //!          change feed; idle runs reaching back to the lookback's start are followed
-//!          further back (up to 7 d) with one query per run, remembered
+//!          further back (up to 7 d), all of a pass's new ones with one query, remembered
 //!      └─► conditions ─► [alerts.exempt] ─► Lifecycle
 //!    ─► <data>/derived/alerts.json (episodes + delivery marks, so a restart neither
 //!       loses nor repeats an alert), the `alerts` table, /metrics
@@ -131,6 +131,13 @@ const OVERLAP_US: i64 = 5 * 60 * 1_000_000;
 /// The longest an evaluator carries its tracker before reading the whole lookback again
 /// (bounds what a MIG reconfiguration or a rule the feed cannot see would leave stale).
 const REBUILD_EVERY_US: i64 = 3_600 * 1_000_000;
+
+/// How far back an idle run that reaches the lookback's start is followed.
+const WEEK_US: i64 = 7 * 86_400_000_000;
+
+/// Idle runs whose start one query looks for: each brings a VALUES row and its GPU to
+/// the IN list; the query scans their week once, whatever the count.
+const RUN_STARTS_PER_QUERY: usize = 1024;
 
 /// What an incremental pass resumes from.
 struct Carried {
@@ -435,49 +442,81 @@ impl Alerts {
     /// end of the last earlier window (within 7 days) that was busy, signal-less or
     /// someone else's. A gap in the data before the lookback does not end the run here.
     async fn extend_runs(&self, tracker: &mut Tracker) -> Result<(), AlertsError> {
+        type Key = (String, String, String);
+        let runs: Vec<(String, Key, bool, i64)> = tracker
+            .open_runs()
+            .into_iter()
+            .map(|(gpu, holder, first)| {
+                let (kind, owner) =
+                    holder.as_ref().map_or((String::new(), String::new()), |h| (h.owner_kind.clone(), h.owner.clone()));
+                (gpu.clone(), (gpu, kind, owner), holder.is_some(), first)
+            })
+            .collect();
+        let todo: Vec<&(String, Key, bool, i64)> = {
+            let st = self.lock();
+            runs.iter().filter(|r| !st.run_starts.contains_key(&r.1)).collect()
+        };
+        // Where each new run began: one scan per RUN_STARTS_PER_QUERY runs — one query
+        // per run read each GPU's week separately (at 1,000 GPUs the first pass after a
+        // burst took minutes), and their answers are remembered while the run lasts.
         let idle = self.ledger.classify_config().idle_sql();
-        let mut seen = std::collections::BTreeSet::new();
-        for (gpu, holder, first) in tracker.open_runs() {
-            let (kind, owner) =
-                holder.as_ref().map_or((String::new(), String::new()), |h| (h.owner_kind.clone(), h.owner.clone()));
-            let key = (gpu.clone(), kind.clone(), owner.clone());
-            seen.insert(key.clone());
-            let cached = self.lock().run_starts.get(&key).copied();
-            let start = match cached {
-                Some(s) => s,
-                None => {
-                    let same = if holder.is_some() {
-                        format!("owner_kind = {} AND owner = {}", sql_str(&kind), sql_str(&owner))
-                    } else {
-                        "owner IS NULL".to_owned()
-                    };
-                    let found = self
-                        .query(&format!(
-                            "SELECT max(CASE WHEN NOT coalesce({same} AND {idle}, false) THEN time END), \
-                             min(CASE WHEN coalesce({same} AND {idle}, false) THEN CAST(time AS BIGINT) - CAST(window_s * 1000000 AS BIGINT) END) \
-                             FROM gpu_samples WHERE gpu_uuid = {} AND time <= {} AND time > {}",
-                            sql_str(&gpu),
-                            ts(first),
-                            ts(first - 7 * 86_400_000_000)
-                        ))
-                        .await?;
-                    let b = found.first().filter(|b| b.num_rows() > 0);
-                    let last_other = b
-                        .and_then(|b| b.column(0).as_primitive_opt::<TimestampMicrosecondType>())
-                        .filter(|c| !c.is_null(0))
-                        .map(|c| c.value(0));
-                    let first_same = b
-                        .and_then(|b| b.column(1).as_primitive_opt::<Int64Type>())
-                        .filter(|c| !c.is_null(0))
-                        .map(|c| c.value(0));
-                    let s = last_other.or(first_same).unwrap_or(first);
-                    self.lock().run_starts.insert(key, s);
-                    s
-                }
+        for chunk in todo.chunks(RUN_STARTS_PER_QUERY) {
+            let (Some(lo), Some(hi)) = (chunk.iter().map(|r| r.3).min(), chunk.iter().map(|r| r.3).max()) else {
+                continue;
             };
-            tracker.extend_idle(&gpu, start);
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|(_, (g, k, w), held, first)| {
+                    format!("({}, {}, {}, {held}, {first})", sql_str(g), sql_str(k), sql_str(w))
+                })
+                .collect();
+            let gpus: BTreeSet<String> = chunk.iter().map(|r| sql_str(&r.0)).collect();
+            // The run's windows: same holder (or nobody, for a run nobody holds) and idle.
+            let same = format!(
+                "coalesce(CASE WHEN o.held THEN s.owner_kind = o.k AND s.owner = o.w ELSE s.owner IS NULL END \
+                 AND {idle}, false)"
+            );
+            let found = self
+                .query(&format!(
+                    "SELECT o.g, o.k, o.w, max(CASE WHEN NOT {same} THEN s.time END), \
+                     min(CASE WHEN {same} THEN CAST(s.time AS BIGINT) - CAST(s.window_s * 1000000 AS BIGINT) END) \
+                     FROM gpu_samples s JOIN (VALUES {}) AS o(g, k, w, held, first_us) ON s.gpu_uuid = o.g \
+                     WHERE s.gpu_uuid IN ({}) AND s.time <= {} AND s.time > {} \
+                     AND CAST(s.time AS BIGINT) <= o.first_us AND CAST(s.time AS BIGINT) > o.first_us - {WEEK_US} \
+                     GROUP BY o.g, o.k, o.w",
+                    values.join(", "),
+                    gpus.into_iter().collect::<Vec<_>>().join(", "),
+                    ts(hi),
+                    ts(lo - WEEK_US)
+                ))
+                .await?;
+            let mut starts: BTreeMap<Key, i64> = BTreeMap::new();
+            for b in &found {
+                let key = |r: usize| -> Key {
+                    let s = |i: usize| b.column(i).as_string::<i32>().value(r).to_owned();
+                    (s(0), s(1), s(2))
+                };
+                let last_other = b.column(3).as_primitive::<TimestampMicrosecondType>();
+                let first_same = b.column(4).as_primitive::<Int64Type>();
+                for r in 0..b.num_rows() {
+                    let at = |c: &dyn Array, v: i64| (!c.is_null(r)).then_some(v);
+                    let start = at(last_other, last_other.value(r)).or(at(first_same, first_same.value(r)));
+                    if let Some(start) = start {
+                        starts.insert(key(r), start);
+                    }
+                }
+            }
+            let mut st = self.lock();
+            for (_, key, _, first) in chunk {
+                st.run_starts.insert(key.clone(), starts.get(key).copied().unwrap_or(*first));
+            }
         }
-        self.lock().run_starts.retain(|k, _| seen.contains(k));
+        let mut st = self.lock();
+        for (gpu, key, _, first) in &runs {
+            tracker.extend_idle(gpu, st.run_starts.get(key).copied().unwrap_or(*first));
+        }
+        let seen: BTreeSet<&Key> = runs.iter().map(|r| &r.1).collect();
+        st.run_starts.retain(|k, _| seen.contains(k));
         Ok(())
     }
 

@@ -709,3 +709,53 @@ async fn recommendations_match_the_price_books_arithmetic_with_replays() {
     );
     every_column_reads_unquoted(&server, "recommendations").await;
 }
+
+/// Idle runs that began before the lookback are followed back to where they began —
+/// all of a pass's such runs with one query — and priced from there (10 s windows,
+/// $0.001 a second; evaluated at 14:00, hours before the lookback starts):
+///
+/// | GPU | trace | stranded since | idle | burnt |
+/// | --- | --- | --- | --- | --- |
+/// | P | ml/p busy 10:00–11:00, then idle | 11:00 | 3 h | $10.80 |
+/// | Q | ml/q idle from its first window (10:00) | 10:00 | 4 h | $14.40 |
+/// | R | ml/old busy 10:00–11:30, then ml/r idle | 11:30 | 2.5 h | $9.00 |
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_runs_older_than_the_lookback_are_followed_back_to_their_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = open(dir.path())
+        .with_cost(cost(dir.path(), apron_cost::TeamConfig::default()))
+        .expect("cost")
+        .with_alerts(AlertsConfig::default());
+    let (p, q, r) = (ident("node-2", "GPU-P", H100), ident("node-2", "GPU-Q", H100), ident("node-2", "GPU-R", H100));
+    let ml = |name: &str| Some(pod("ml", name, r#"{"team":"ml"}"#));
+    let end = 240 * MIN;
+    let trace = windows(&[
+        seg(&p, 0, 60 * MIN, 0.5, 20.0, ml("p")),
+        seg(&p, 60 * MIN, end, 0.0, 0.0, ml("p")),
+        seg(&q, 0, end, 0.0, 0.0, ml("q")),
+        seg(&r, 0, 90 * MIN, 0.5, 20.0, ml("old")),
+        seg(&r, 90 * MIN, end, 0.0, 0.0, ml("r")),
+    ]);
+    ingest(&server, &trace, 0);
+    server.store().persist_now().expect("persist");
+    let evaluator = server.alerts().expect("alerts on").clone();
+    let report = evaluator.evaluate_at(T0 + end).await.expect("evaluate");
+    assert_eq!(report.fired.len(), 3, "{report:?}");
+    let mut got: Vec<(String, i64, f64, Option<i64>)> = evaluator
+        .list()
+        .into_iter()
+        .map(|a| {
+            assert_eq!((a.kind.as_str(), a.team.as_str()), ("stranded_allocation", "ml"), "{a:?}");
+            (a.owner.unwrap_or_default(), a.starts_at_us, a.idle_s, a.cost_micros)
+        })
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got,
+        vec![
+            ("ml/p".to_owned(), T0 + 60 * MIN, 10_800.0, Some(10_800_000)),
+            ("ml/q".to_owned(), T0, 14_400.0, Some(14_400_000)),
+            ("ml/r".to_owned(), T0 + 90 * MIN, 9_000.0, Some(9_000_000)),
+        ]
+    );
+}
