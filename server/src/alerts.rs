@@ -52,7 +52,9 @@ use serde::Deserialize;
 use crate::deliver::DeliveryError;
 use crate::ledger::Ledger;
 use crate::schedule::WebhookConfig;
-use crate::sqlutil::{OWNER_COLUMNS_SQL, SqlError, mig_parent_uuids, owner_at, sql_str, strings, ts};
+use crate::sqlutil::{
+    OWNER_COLUMNS_SQL, SqlError, mig_parent_uuids, owner_at, run_key, sql_str, str_list, strings, ts,
+};
 use crate::statefile::FileError;
 
 /// Why an alert pass failed (the pass is retried at the next interval).
@@ -470,7 +472,6 @@ impl Alerts {
                     format!("({}, {}, {}, {held}, {first})", sql_str(g), sql_str(k), sql_str(w))
                 })
                 .collect();
-            let gpus: BTreeSet<String> = chunk.iter().map(|r| sql_str(&r.0)).collect();
             // The run's windows: same holder (or nobody, for a run nobody holds) and idle.
             let same = format!(
                 "coalesce(CASE WHEN o.held THEN s.owner_kind = o.k AND s.owner = o.w ELSE s.owner IS NULL END \
@@ -485,24 +486,21 @@ impl Alerts {
                      AND CAST(s.time AS BIGINT) <= o.first_us AND CAST(s.time AS BIGINT) > o.first_us - {WEEK_US} \
                      GROUP BY o.g, o.k, o.w",
                     values.join(", "),
-                    gpus.into_iter().collect::<Vec<_>>().join(", "),
+                    str_list(chunk.iter().map(|r| r.0.as_str())),
                     ts(hi),
                     ts(lo - WEEK_US)
                 ))
                 .await?;
             let mut starts: BTreeMap<Key, i64> = BTreeMap::new();
             for b in &found {
-                let key = |r: usize| -> Key {
-                    let s = |i: usize| b.column(i).as_string::<i32>().value(r).to_owned();
-                    (s(0), s(1), s(2))
-                };
                 let last_other = b.column(3).as_primitive::<TimestampMicrosecondType>();
                 let first_same = b.column(4).as_primitive::<Int64Type>();
                 for r in 0..b.num_rows() {
-                    let at = |c: &dyn Array, v: i64| (!c.is_null(r)).then_some(v);
-                    let start = at(last_other, last_other.value(r)).or(at(first_same, first_same.value(r)));
+                    let start = (!last_other.is_null(r))
+                        .then(|| last_other.value(r))
+                        .or_else(|| (!first_same.is_null(r)).then(|| first_same.value(r)));
                     if let Some(start) = start {
-                        starts.insert(key(r), start);
+                        starts.insert(run_key(b, r), start);
                     }
                 }
             }

@@ -29,6 +29,19 @@ pub(crate) fn sql_str(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
+/// `'a', 'b', …`: string literals for an `IN (…)` list, each once, in order.
+pub(crate) fn str_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+    let set: BTreeSet<&str> = items.into_iter().collect();
+    set.into_iter().map(sql_str).collect::<Vec<_>>().join(", ")
+}
+
+/// The first three columns of row `r` — `(gpu, owner kind, owner)` in the look-ups that
+/// join `gpu_samples` to a VALUES list of runs — as owned strings.
+pub(crate) fn run_key(b: &RecordBatch, r: usize) -> (String, String, String) {
+    let s = |i: usize| b.column(i).as_string::<i32>().value(r).to_owned();
+    (s(0), s(1), s(2))
+}
+
 /// A SQL timestamp literal (RFC 3339, UTC).
 pub(crate) fn ts(us: i64) -> String {
     format!("TIMESTAMP '{}'", UnixMicros(us).to_rfc3339())
@@ -120,8 +133,7 @@ pub(crate) fn gpus_excluded_sql(gpus: &BTreeSet<String>) -> String {
     if gpus.is_empty() {
         return String::new();
     }
-    let list: Vec<String> = gpus.iter().map(|g| sql_str(g)).collect();
-    format!(" AND gpu_uuid NOT IN ({})", list.join(", "))
+    format!(" AND gpu_uuid NOT IN ({})", str_list(gpus.iter().map(String::as_str)))
 }
 
 /// The owner columns of `gpu_samples`, quoted (`partition` is an SQL keyword), in the

@@ -55,7 +55,9 @@ use apron_cost::{
 };
 use apron_query::{QueryEngine, TableSource};
 
-use crate::sqlutil::{OWNER_COLUMNS_SQL, Owner, SqlError, gpus_excluded_sql, owner_at, sql_str, strings, ts};
+use crate::sqlutil::{
+    OWNER_COLUMNS_SQL, Owner, SqlError, gpus_excluded_sql, owner_at, run_key, sql_str, str_list, strings, ts,
+};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
 use serde::{Deserialize, Serialize};
@@ -788,7 +790,7 @@ impl Ledger {
         known: &BTreeMap<String, GpuMeta>,
     ) -> Result<Vec<(String, GpuWindows)>, LedgerError> {
         let range = range_sql(lo, hi);
-        let list: Vec<String> = uuids.iter().map(|u| sql_str(u)).collect();
+
         let batches = self
             .query(&format!(
                 // Quoted: `cluster` is an SQL keyword. gpu_uuid last: the columns before it
@@ -796,7 +798,7 @@ impl Ledger {
                 "SELECT time, window_s, CAST(sm_active_max AS DOUBLE), CAST(gpu_util_max AS DOUBLE), \
                  CAST(sm_active AS DOUBLE), \"host\", \"cluster\", \"gpu_model\", \"mig_profile\", {OWNER_COLUMNS_SQL}, \
                  gpu_uuid FROM gpu_samples WHERE gpu_uuid IN ({}) AND {range} ORDER BY gpu_uuid, time",
-                list.join(", ")
+                str_list(uuids.iter().map(String::as_str))
             ))
             .await?;
         // Each GPU's rows: consecutive (ordered by gpu_uuid), as zero-copy slices.
@@ -1116,8 +1118,7 @@ impl Ledger {
         let mut ends: BTreeMap<Key, (i64, Option<i64>, i64)> = BTreeMap::new();
         for chunk in looks.chunks(FORWARD_LOOKS_PER_QUERY) {
             let keys: BTreeSet<Key> = chunk.iter().map(|l| (l.uuid.clone(), l.kind.clone(), l.owner.clone())).collect();
-            let gpus: BTreeSet<String> = keys.iter().map(|k| sql_str(&k.0)).collect();
-            let gpus = gpus.into_iter().collect::<Vec<_>>().join(", ");
+            let gpus = str_list(keys.iter().map(|k| k.0.as_str()));
             let values = |bound: &dyn Fn(&Key) -> String| -> String {
                 keys.iter()
                     .map(|k| format!("({}, {}, {}{})", sql_str(&k.0), sql_str(&k.1), sql_str(&k.2), bound(k)))
@@ -1165,10 +1166,9 @@ impl Ledger {
     async fn keyed_times(&self, sql: &str) -> Result<BTreeMap<(String, String, String), i64>, LedgerError> {
         let mut out = BTreeMap::new();
         for b in self.query(sql).await? {
-            let s = |i: usize| b.column(i).as_string::<i32>();
             let t = b.column(3).as_primitive::<TimestampMicrosecondType>();
             for r in (0..b.num_rows()).filter(|&r| !t.is_null(r)) {
-                out.insert((s(0).value(r).to_owned(), s(1).value(r).to_owned(), s(2).value(r).to_owned()), t.value(r));
+                out.insert(run_key(&b, r), t.value(r));
             }
         }
         Ok(out)
