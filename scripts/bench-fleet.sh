@@ -16,7 +16,8 @@
 #   4. live: server/examples/loadgen.rs, GPUS / 8 agents × 8 GPUs at 1 Hz, for LIVE —
 #      the background passes (persist, compaction, rollup, ledger, alerts,
 #      recommendations) run on their own schedules throughout
-#   5. the weekly report (JSON) and five typical SQL queries, each timed twice
+#   5. the weekly report (JSON), recommendations over 7 d (computed on demand) and five
+#      typical SQL queries, each timed twice
 #   6. stops the server (SIGTERM) and prints one summary (OUT/summary.txt): ingest
 #      windows/s, peak and steady RSS per phase, memtable bytes per row (its gauges at
 #      the end of the live phase), disk bytes per window of gpu_samples,
@@ -108,6 +109,13 @@ queries=(
     for run in 1 2; do
         printf 'weekly report (%s, JSON), run %d: ' "$week" "$run"
         timed -H "Authorization: Bearer $sql_token" "http://$addr/api/v1/reports/weekly?week=$week&format=json"
+    done
+    # Computed on demand over the stored samples (the same pass as the table's refresh,
+    # which ran at start-up over an empty store and next runs an interval later).
+    for run in 1 2; do
+        printf 'recommendations (7 d, on demand), run %d: ' "$run"
+        timed -H "Authorization: Bearer $sql_token" "http://$addr/api/v1/recommendations?window=7d"
+        python3 -c 'import json,sys; print("    items:", len(json.load(open(sys.argv[1]))["recommendations"]))' "$tmp/answer"
     done
     for q in "${queries[@]}"; do
         for run in 1 2; do

@@ -4,7 +4,8 @@
 //!  execute(sql)
 //!    slot: the principal's share (max_concurrent_per_principal), then one of
 //!          max_concurrent, wait ≤ queue_timeout ─────────────── else Busy (503)
-//!          (the server's own passes: one of reserved_internal)
+//!          (the server's own passes: one of reserved_internal, waiting their turn,
+//!           each planned for pass_partitions, 1: one core, one copy of its state)
 //!    └─ timeout(query.timeout) ──────────────────────────────── else Timeout (504)
 //!         state = base session + a fresh memory pool (memory_limit_bytes, no spill)
 //!         parse → check_shape → check_statement → plan → check_plan
@@ -254,6 +255,11 @@ impl QueryEngine {
         self.inner.config.max_concurrent.max(1).saturating_sub(self.slots.available_permits())
     }
 
+    /// The server's own passes' queries holding one of their reserved slots now.
+    pub fn running_passes(&self) -> usize {
+        self.inner.config.reserved_internal.max(1).saturating_sub(self.internal_slots.available_permits())
+    }
+
     /// The registered table names.
     pub fn tables(&self) -> &[&'static str] {
         &self.tables
@@ -337,11 +343,12 @@ impl QueryEngine {
         let waiting = Instant::now();
         let closed = || QueryError::Internal { detail: "the query slots were closed".into() };
         if caller == Caller::Server {
-            // The server's passes wait as long as a query may run, never Busy.
-            return match tokio::time::timeout(config.timeout, self.internal_slots.clone().acquire_owned()).await {
-                Ok(Ok(p)) => Ok(vec![p]),
-                Ok(Err(_)) => Err(closed()),
-                Err(_) => Err(QueryError::Timeout { timeout: config.timeout }),
+            // The server's passes wait their turn, never Busy and with no deadline of
+            // their own: each query holding a slot ends within `timeout`, and a pass
+            // that gave up behind a long one would only come back to the same queue.
+            return match self.internal_slots.clone().acquire_owned().await {
+                Ok(p) => Ok(vec![p]),
+                Err(_) => Err(closed()),
             };
         }
         let share = {
@@ -375,14 +382,18 @@ impl QueryEngine {
         caller: Caller,
     ) -> Result<QueryResult, QueryError> {
         let task_scope = scope.clone();
+        let partitions = match (caller, self.inner.config.pass_partitions) {
+            (Caller::Server, n) if n > 0 => Some(n),
+            _ => None,
+        };
         self.on_runtime(scope, caller, move |inner| async move {
-            match inner.run(&request, max_rows, &task_scope).await {
+            match inner.run(&request, max_rows, &task_scope, partitions).await {
                 // A file was replaced under the query (it planned before a compaction or
                 // a derived partition's rewrite, and read after the old file's grace):
                 // planned again, it reads the replacement. Read-only, so safe to repeat.
                 Err(e) if e.is_vanished_file() => {
                     tracing::debug!("a data file was replaced under a query; running it again");
-                    inner.run(&request, max_rows, &task_scope).await
+                    inner.run(&request, max_rows, &task_scope, partitions).await
                 }
                 other => other,
             }
@@ -601,9 +612,19 @@ impl Inner {
         Ok(plan)
     }
 
-    async fn run(&self, request: &Request, max_rows: Option<usize>, scope: &Scope) -> Result<QueryResult, QueryError> {
+    /// `partitions`: plan for that many partitions instead of `target_partitions`.
+    async fn run(
+        &self,
+        request: &Request,
+        max_rows: Option<usize>,
+        scope: &Scope,
+        partitions: Option<usize>,
+    ) -> Result<QueryResult, QueryError> {
         let df_err = |e| self.df_err(e);
-        let state = self.query_state(scope)?;
+        let mut state = self.query_state(scope)?;
+        if let Some(n) = partitions {
+            state.config_mut().options_mut().execution.target_partitions = n;
+        }
         let mut plan = self.plan(&state, request).await?;
         if let Some(params) = &request.params {
             plan = plan.with_param_values(params.clone()).map_err(df_err)?;

@@ -417,6 +417,56 @@ async fn one_principal_cannot_take_every_slot() {
     }
 }
 
+/// The server's passes wait their turn for a reserved slot (`reserved_internal`): a
+/// pass's query behind a long one waits for it to end — here past its own timeout,
+/// which counts from when it runs — and is never refused for waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_passes_wait_their_turn() {
+    let (_dir, store) = fixture();
+    let config = QueryConfig { timeout: Duration::from_millis(500), reserved_internal: 1, ..QueryConfig::default() };
+    let e = Arc::new(engine(store, config));
+    let slow = {
+        let e = e.clone();
+        tokio::spawn(async move { e.execute_internal("SELECT count(*) FROM generate_series(1, 1000000000000)").await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.running_passes() == 0 {
+        assert!(Instant::now() < deadline, "the slow pass never started");
+        tokio::task::yield_now().await;
+    }
+    let next = {
+        let e = e.clone();
+        tokio::spawn(async move { e.execute_internal("SELECT 1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(e.running_passes(), 1);
+    assert!(!next.is_finished(), "the second pass waits for the slot");
+    let err = slow.await.expect("join").expect_err("the slow pass times out");
+    assert_eq!(err.code(), "timeout", "{err}");
+    let answer = next.await.expect("join").expect("the waiting pass runs once the slot is free");
+    assert_eq!(answer.num_rows(), 1);
+    assert_eq!(e.running_passes(), 0);
+}
+
+/// The server's passes plan for `pass_partitions` (1): one aggregation table, one core;
+/// clients keep `target_partitions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_passes_plan_for_one_partition() {
+    let setting = "SELECT value FROM information_schema.df_settings \
+                   WHERE name = 'datafusion.execution.target_partitions'";
+    let value = |r: apron_query::QueryResult| {
+        let json: serde_json::Value = serde_json::from_slice(&r.render(Format::Json).expect("render")).expect("json");
+        json["rows"][0][0].as_str().expect("a string").to_owned()
+    };
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig { target_partitions: 4, ..QueryConfig::default() });
+    assert_eq!(value(e.execute(setting).await.expect("client")), "4");
+    assert_eq!(value(e.execute_internal(setting).await.expect("pass")), "1");
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig { target_partitions: 4, pass_partitions: 0, ..QueryConfig::default() });
+    assert_eq!(value(e.execute_internal(setting).await.expect("pass")), "4");
+}
+
 /// A cross join emits batch after batch from its buffered side without polling its
 /// input; unless it yields, a query cancelled at its timeout goes on computing on the
 /// engine's only thread and the next query cannot run at all.
