@@ -45,11 +45,11 @@ pub struct QueryConfig {
     pub max_result_bytes: u64,
     /// DataFusion's `target_partitions` (parallelism of one query); 0 = CPU count.
     pub target_partitions: usize,
-    /// `target_partitions` of the server's own passes' queries; 0 = `target_partitions`.
-    /// 1 (the default): a pass's aggregation is one hash table on one core instead of a
-    /// partial table per partition, a repartition and a final table — several copies of
-    /// the same groups (the rollup of a day: ~13 KB per minute row) — and it leaves the
-    /// other cores to ingest and to clients. More cores finish a long pass sooner.
+    /// `target_partitions` of the server's own passes' queries; 0 (the default) =
+    /// `target_partitions`. 1 makes a pass's aggregation one hash table on one core, but
+    /// also plans its joins with one side collected whole: at 1,000 GPUs the alert
+    /// pass's look-back join then passed the 1 GiB query limit (RSS 1.1 → 2.3 GiB for
+    /// 5 s; docs/benchmarks.md, run H), so it is not the default.
     pub pass_partitions: usize,
     /// How deep expressions, subqueries and set operations of one statement may nest
     /// (`1+1+…+1` is as deep as it has terms); deeper statements are refused before
@@ -87,7 +87,7 @@ impl Default for QueryConfig {
             max_result_rows: 1_000_000,
             max_result_bytes: 256 << 20,
             target_partitions: 0,
-            pass_partitions: 1,
+            pass_partitions: 0,
             max_expr_depth: 500,
             max_expr_nodes: 20_000,
             max_string_result_bytes: 64 << 20,

@@ -5,7 +5,7 @@
 //!    slot: the principal's share (max_concurrent_per_principal), then one of
 //!          max_concurrent, wait ≤ queue_timeout ─────────────── else Busy (503)
 //!          (the server's own passes: one of reserved_internal, waiting their turn,
-//!           each planned for pass_partitions, 1: one core, one copy of its state)
+//!           planned for pass_partitions when set)
 //!    └─ timeout(query.timeout) ──────────────────────────────── else Timeout (504)
 //!         state = base session + a fresh memory pool (memory_limit_bytes, no spill)
 //!         parse → check_shape → check_statement → plan → check_plan

@@ -448,10 +448,10 @@ async fn the_servers_passes_wait_their_turn() {
     assert_eq!(e.running_passes(), 0);
 }
 
-/// The server's passes plan for `pass_partitions` (1): one aggregation table, one core;
-/// clients keep `target_partitions`.
+/// The server's passes plan for `pass_partitions` where it is set; by default (0) for
+/// `target_partitions`, like clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_servers_passes_plan_for_one_partition() {
+async fn the_servers_passes_plan_for_pass_partitions() {
     let setting = "SELECT value FROM information_schema.df_settings \
                    WHERE name = 'datafusion.execution.target_partitions'";
     let value = |r: apron_query::QueryResult| {
@@ -461,10 +461,11 @@ async fn the_servers_passes_plan_for_one_partition() {
     let (_dir, store) = fixture();
     let e = engine(store, QueryConfig { target_partitions: 4, ..QueryConfig::default() });
     assert_eq!(value(e.execute(setting).await.expect("client")), "4");
-    assert_eq!(value(e.execute_internal(setting).await.expect("pass")), "1");
-    let (_dir, store) = fixture();
-    let e = engine(store, QueryConfig { target_partitions: 4, pass_partitions: 0, ..QueryConfig::default() });
     assert_eq!(value(e.execute_internal(setting).await.expect("pass")), "4");
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig { target_partitions: 4, pass_partitions: 1, ..QueryConfig::default() });
+    assert_eq!(value(e.execute(setting).await.expect("client")), "4");
+    assert_eq!(value(e.execute_internal(setting).await.expect("pass")), "1");
 }
 
 /// A cross join emits batch after batch from its buffered side without polling its
