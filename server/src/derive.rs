@@ -227,6 +227,8 @@ impl Materializer {
             let end = d.saturating_add(1).saturating_mul(DAY_US);
             end.saturating_add(delay) <= now_us && end >= now_us.saturating_sub(retention)
         });
+        // Days no longer candidates (rolled up, or past raw retention) are forgotten.
+        waiting_since.retain(|d, _| days.contains(d));
         for day in days {
             let date = date_string(day);
             let missing = match view.status(day, &stored_days, Some(&state)) {
