@@ -5,8 +5,10 @@
 //! subscribes to a [`ChangeFeed`] and, before each pass, [`ChangeFeed::take`]s what was
 //! written since the previous one: per (table, UTC day), the earliest and latest row
 //! time. That is enough to bound what to recompute (the classifier's
-//! `recompute_plan`), and it stays tiny whatever the ingest rate: one entry per day
-//! touched.
+//! `recompute_plan`), and it stays tiny whatever the ingest rate: one entry per clock
+//! hour touched. Spans are kept per hour so that a late batch for 02:00 and live rows at
+//! 14:00 mark two hours, not the twelve between them (the recommender's stored hours
+//! read the feed by hour, the ledger by day: [`Changed::day`] is the union of its hours).
 //!
 //! Order matters for the reader: a batch is recorded *after* it is visible in the
 //! memtable, so a reader that takes the changes and then reads the store sees every row
@@ -26,6 +28,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMicrosecondType;
 
 const DAY_US: i64 = 86_400_000_000;
+const HOUR_US: i64 = 3_600_000_000;
 
 /// The earliest and latest row time written to one day, µs since the epoch (UTC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,11 +44,11 @@ impl TimeSpan {
     }
 }
 
-/// What was written: per table and UTC day number (days since the epoch), the span of
-/// row times.
+/// What was written: per table and clock hour (hours since the epoch), the span of row
+/// times.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changed {
-    days: BTreeMap<(Table, i64), TimeSpan>,
+    hours: BTreeMap<(Table, i64), TimeSpan>,
 }
 
 impl Changed {
@@ -57,17 +60,17 @@ impl Changed {
             else {
                 continue;
             };
-            // Rows of a batch mostly share a day: widen one span, touch the map per day.
+            // Rows of a batch mostly share an hour: widen one span, touch the map per hour.
             let mut run: Option<(i64, TimeSpan)> = None;
             for t in time.iter().flatten() {
-                let day = t.div_euclid(DAY_US);
+                let hour = t.div_euclid(HOUR_US);
                 match &mut run {
-                    Some((d, span)) if *d == day => span.widen(TimeSpan { min_us: t, max_us: t }),
+                    Some((h, span)) if *h == hour => span.widen(TimeSpan { min_us: t, max_us: t }),
                     _ => {
                         if let Some((_, span)) = run.take() {
                             self.add(table, span);
                         }
-                        run = Some((day, TimeSpan { min_us: t, max_us: t }));
+                        run = Some((hour, TimeSpan { min_us: t, max_us: t }));
                     }
                 }
             }
@@ -78,28 +81,46 @@ impl Changed {
     }
 
     fn add(&mut self, table: Table, span: TimeSpan) {
-        self.days.entry((table, span.min_us.div_euclid(DAY_US))).and_modify(|s| s.widen(span)).or_insert(span);
+        self.hours.entry((table, span.min_us.div_euclid(HOUR_US))).and_modify(|s| s.widen(span)).or_insert(span);
     }
 
     /// Folds `other` in (a reader that could not use what it took puts it back).
     pub fn merge(&mut self, other: Changed) {
-        for ((table, day), span) in other.days {
-            self.days.entry((table, day)).and_modify(|s| s.widen(span)).or_insert(span);
+        for ((table, hour), span) in other.hours {
+            self.hours.entry((table, hour)).and_modify(|s| s.widen(span)).or_insert(span);
         }
     }
 
-    /// The span written to `table` on `day`, if any.
+    /// The span written to `table` on `day` (days since the epoch), if any.
     pub fn day(&self, table: Table, day: i64) -> Option<TimeSpan> {
-        self.days.get(&(table, day)).copied()
+        let per_day = DAY_US / HOUR_US;
+        self.hours.range((table, day * per_day)..(table, (day + 1) * per_day)).map(|(_, s)| *s).reduce(|mut a, b| {
+            a.widen(b);
+            a
+        })
     }
 
-    /// Days of `table` that received rows, oldest first.
+    /// Days of `table` that received rows, oldest first, with the span of each.
     pub fn days(&self, table: Table) -> impl Iterator<Item = (i64, TimeSpan)> + '_ {
-        self.days.iter().filter(move |((t, _), _)| *t == table).map(|((_, d), s)| (*d, *s))
+        let mut days: Vec<(i64, TimeSpan)> = Vec::new();
+        for (_, span) in self.hours(table) {
+            let day = span.min_us.div_euclid(DAY_US);
+            match days.last_mut() {
+                Some((d, s)) if *d == day => s.widen(span),
+                _ => days.push((day, span)),
+            }
+        }
+        days.into_iter()
+    }
+
+    /// Clock hours of `table` that received rows (by their start, µs), oldest first; each
+    /// span lies within its hour.
+    pub fn hours(&self, table: Table) -> impl Iterator<Item = (i64, TimeSpan)> + '_ {
+        self.hours.range((table, i64::MIN)..=(table, i64::MAX)).map(|((_, h), s)| (*h * HOUR_US, *s))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.days.is_empty()
+        self.hours.is_empty()
     }
 }
 
@@ -190,6 +211,23 @@ mod tests {
         assert_eq!(c.day(Table::GpuProcesses, 1), Some(TimeSpan { min_us: DAY_US, max_us: DAY_US }));
         assert_eq!(c.days(Table::GpuSamples).count(), 2);
         assert!(feed.take().is_empty(), "a take empties the feed");
+        // A late row at 02:00 and a live one at 14:00: two hours, one day.
+        let h = HOUR_US;
+        record(Table::GpuSamples, batch(&[DAY_US + 14 * h + 5, DAY_US + 2 * h + 7, DAY_US + 14 * h + 9]));
+        let c = feed.take();
+        let hours: Vec<(i64, TimeSpan)> = c.hours(Table::GpuSamples).collect();
+        assert_eq!(
+            hours,
+            vec![
+                (DAY_US + 2 * h, TimeSpan { min_us: DAY_US + 2 * h + 7, max_us: DAY_US + 2 * h + 7 }),
+                (DAY_US + 14 * h, TimeSpan { min_us: DAY_US + 14 * h + 5, max_us: DAY_US + 14 * h + 9 }),
+            ]
+        );
+        assert_eq!(
+            c.day(Table::GpuSamples, 1),
+            Some(TimeSpan { min_us: DAY_US + 2 * h + 7, max_us: DAY_US + 14 * h + 9 })
+        );
+        assert_eq!(c.days(Table::GpuSamples).collect::<Vec<_>>(), vec![(1, c.day(Table::GpuSamples, 1).expect("day"))]);
     }
 
     #[test]

@@ -176,6 +176,7 @@ impl QueryEngine {
         // (row counts are not estimated), the same for every principal.
         let default_catalog = ctx.state().config_options().catalog.default_catalog.clone();
         let pg_tables = pgcompat::setup(&ctx, &default_catalog).map_err(df_err)?;
+        crate::sketch::register(&ctx);
         let mut tables = Vec::new();
         let mut providers: Vec<(&'static str, Arc<dyn TableProvider>)> = Vec::new();
         for def in TABLES {

@@ -31,7 +31,8 @@
 //! [`provider`] (the table scan), [`prune`] (time bounds of filters), [`readonly`] (what
 //! is refused and how), [`render`] (result formats), [`error`] (errors → HTTP status),
 //! [`config`], [`tables`] (the table list), [`scope`] (team scoping, scope first),
-//! [`guard`] (statement shape limits and capped string functions).
+//! [`guard`] (statement shape limits and capped string functions), [`sketch`] (mergeable
+//! quantile sketches: `ddsketch`, `ddsketch_merge`, `ddsketch_quantile`).
 
 pub mod config;
 pub mod engine;
@@ -44,6 +45,7 @@ pub mod readonly;
 pub mod render;
 pub mod rollup;
 pub mod scope;
+pub mod sketch;
 pub mod snapshot;
 pub mod source;
 pub mod tables;

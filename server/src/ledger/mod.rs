@@ -323,6 +323,11 @@ impl Ledger {
     }
 
     /// Thresholds and `stranded_after` policy.
+    /// The store the ledger reads (the recommender follows its change feed too).
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
     pub(crate) fn classify_config(&self) -> &ClassifyConfig {
         &self.config.classify
     }

@@ -411,8 +411,8 @@ async fn every_query_in_docs_sql_md_runs_as_written_for_a_viewer_and_a_team() {
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
 
     let queries = documented_sql();
-    // Four cookbook recipes and the two curl examples.
-    assert_eq!(queries.len(), 6, "{queries:#?}");
+    // Five cookbook recipes and the two curl examples.
+    assert_eq!(queries.len(), 7, "{queries:#?}");
     for sql in &queries {
         for token in [VIEWER, VISION] {
             sql_rows(api, token, sql).await;

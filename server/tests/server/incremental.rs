@@ -7,12 +7,17 @@
 //! ledger computes only the hours the new data can change; at the end a fresh ledger
 //! computes every day whole from the same store, and both tables must be identical
 //! row for row (seconds and dollars as exact decimals).
+//!
+//! The recommender over the same arrival: its runs keep whole hours and read again only
+//! those that received rows; every few passes, and at the end, its answer equals that
+//! of a recommender that reads the whole window.
 
 use std::time::Duration;
 
 use super::cost::{BOOK, D, DAY, SEC};
 use super::rollup::open;
 use apron::ledger::{CostConfig, Ledger, Plan};
+use apron::recommend::{RecommendSettings, Recommender};
 use apron_collector::{IngestRequest, Table};
 use apron_common::wire::{encode_ipc, processes_to_batch, windows_to_batch};
 use apron_common::{Field, FieldStats, GpuHolder, GpuIdentity, GpuUuid, GpuWindow, HostName, ProcessRow, UnixMicros};
@@ -215,4 +220,71 @@ async fn passes_over_new_data_equal_the_whole_computation() {
             right.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
         );
     }
+}
+
+/// A run's answer without the moment it was generated.
+fn answer(set: &apron::recommend::RecommendationSet) -> serde_json::Value {
+    let mut v = serde_json::to_value(set).expect("json");
+    v.as_object_mut().expect("object").remove("generated_at");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recommendations_from_stored_hours_equal_reading_the_window_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let book = dir.path().join("prices.toml");
+    std::fs::write(&book, BOOK).expect("book");
+    let config = CostConfig { price_book: Some(book), ..CostConfig::default() };
+    let settings = RecommendSettings { gpus_per_query: 2, ..RecommendSettings::default() };
+    let server = open(dir.path()).with_cost(config).expect("cost on").with_recommend(settings.clone());
+    let store = server.store().clone();
+    let ledger = server.ledger().expect("ledger").clone();
+    let rec = server.recommender().expect("recommender").clone();
+    let window = Duration::from_secs(24 * 3600);
+
+    let (mut windows, _) = trace();
+    windows.sort_by_key(|w| w.time.0);
+    let (mut seq, mut passes, mut now) = (0u64, 0u32, T0 + 20 * MIN);
+    let last = T0 + DAY + 3 * HOUR + 10 * MIN;
+    let mut items = 0;
+    loop {
+        let (due, rest): (Vec<GpuWindow>, Vec<GpuWindow>) =
+            windows.into_iter().partition(|w| w.time.0 <= now && late(w).is_none_or(|at| at <= now));
+        windows = rest;
+        if !due.is_empty() {
+            let body = encode_ipc(&windows_to_batch(&due).expect("batch")).expect("ipc");
+            let req = IngestRequest { table: Table::GpuSamples, agent: "a", epoch: "e", sequence: seq, body: &body };
+            store.ingest(req).expect("ingest");
+            seq += 1;
+        }
+        if passes % 3 == 2 {
+            store.persist_now().expect("persist");
+        }
+        let before = rec.pieces_read();
+        let stored = rec.compute(window, now).await.expect("run over stored hours");
+        let read = rec.pieces_read() - before;
+        // Two raw edges, the hour (or two) the pass's windows landed in, and the hour of
+        // a late batch: never the whole day again.
+        if passes > 0 {
+            assert!(read <= 5, "pass at {}: {read} pieces read", UnixMicros(now).to_rfc3339());
+        }
+        if passes % 8 == 7 || now >= last {
+            let fresh = Recommender::new(
+                server.engine().clone(),
+                ledger.clone(),
+                settings.clone(),
+                apron_query::SnapshotTable::new(apron::recommend::schema()),
+            );
+            let whole = fresh.compute(window, now).await.expect("run over the whole window");
+            assert_eq!(answer(&stored), answer(&whole), "at {}", UnixMicros(now).to_rfc3339());
+            items += stored.recommendations.len();
+        }
+        passes += 1;
+        if now >= last {
+            break;
+        }
+        now = (now + 35 * MIN).min(last);
+    }
+    assert!(windows.is_empty());
+    assert!(items > 0, "the trace gives recommendations to compare");
 }

@@ -685,6 +685,20 @@ async fn recommendations_match_the_price_books_arithmetic_with_replays() {
     let q = reclaim["evidence"]["sql"].as_str().expect("sql");
     let rows = sql(&server, q).await;
     assert_eq!((rows[0][2].as_f64(), rows[0][4].as_f64()), (Some(3600.0), Some(54.0 * 60.0)), "{rows:?}");
+    // … p95s included: the window's sketch is its hours' sketches merged, bucket for
+    // bucket, so the SQL over raw windows gives the very figures the run used — within
+    // the sketch's 1 % of the trace's constant SM 0.05 and 6 / 8 GiB.
+    let q = pack["evidence"]["sql"].as_str().expect("sql");
+    let rows = sql(&server, q).await;
+    let workloads = pack["evidence"]["workloads"].as_array().expect("workloads");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        let w = workloads.iter().find(|w| w["gpu_uuid"] == row[0]).expect("a workload per row");
+        let mem = row[6].as_f64().map(|v| v.round() as i64);
+        assert_eq!((&row[5], mem), (&w["p95_sm_active"], w["p95_fb_used_bytes"].as_i64()), "{row:?} {w}");
+        let sm = row[5].as_f64().expect("p95 SM");
+        assert!((sm - 0.05).abs() <= 0.05 * 0.01, "{sm}");
+    }
 
     // The table holds the same items.
     rec.refresh_at(T0 + h).await.expect("refresh");

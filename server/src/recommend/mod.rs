@@ -1,11 +1,13 @@
 //! Recommendations over a window: SQL gathers what each allocation did with each GPU,
-//! `apron_cost::recommend` applies the rules, and pack / right-size proposals are
-//! replayed minute by minute over the same stored samples.
+//! hour by hour, `apron_cost::recommend` applies the rules, and pack / right-size
+//! proposals are replayed minute by minute over the same stored samples.
 //!
 //! ```text
 //!  window (to − w, to]
-//!   gpu_samples ─► per (GPU, owner): held / known / idle seconds, p95 SM activity and
-//!                  memory, per-minute idle share and SM spread          (2 queries)
+//!   gpu_samples ─► per (GPU, owner) and hour: held / known / idle seconds, DDSketches
+//!                  of SM activity and memory, per-minute idle share and SM moments
+//!                  (1 query per hour and GPU slice; whole hours kept, see [`hours`])
+//!   merged over the window ─► p95s, spreads, the owner of the latest window
 //!   owners ─► teams, workload kinds, interruptible (the ledger's resolution)
 //!   price book ─► $/GPU-hour at `to` (+ the model's spot rate)
 //!   apron_cost::recommend::plan ─► reclaim, right-size, pack, downsize, spot
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 use apron_common::UnixMicros;
 use apron_cost::GpuKey;
-use apron_cost::recommend::{self, AllocationUse, GpuUse, Price, RecommendConfig, Recommendation, Spread};
+use apron_cost::recommend::{self, AllocationUse, GpuUse, Price, RecommendConfig, Recommendation};
 use apron_cost::replay::{Bucket, Workload};
 use apron_query::{QueryEngine, SnapshotTable};
 use datafusion::arrow::array::{
@@ -38,9 +40,10 @@ use datafusion::arrow::error::ArrowError;
 use serde::Deserialize;
 
 use crate::ledger::Ledger;
-use crate::sqlutil::{
-    OWNER_COLUMNS_SQL, SqlError, gpus_excluded_sql, mig_parent_uuids, owner_at, sql_str, strings, ts,
-};
+use crate::sqlutil::{SqlError, gpus_excluded_sql, mig_parent_uuids, sql_str, strings, ts};
+
+pub(crate) mod hours;
+use hours::{Coverage, Hours, HoursError, Piece, Usage};
 
 /// Why recommendations could not be computed (the table keeps its last set).
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +58,29 @@ pub enum RecommendError {
     Money(#[from] apron_cost::money::MoneyError),
     #[error("building the recommendations table: {0}")]
     Arrow(#[from] ArrowError),
+    #[error("the stored hours: {0}")]
+    Hours(#[from] HoursError),
+}
+
+/// A window's figures per (GPU, owner), what its windows cover, and the MIG parents
+/// left out of them.
+struct Gathered {
+    usage: BTreeMap<hours::Key, Usage>,
+    coverage: Option<Coverage>,
+    parents: BTreeSet<String>,
+}
+
+impl Gathered {
+    fn add(
+        &mut self,
+        coverage: Option<Coverage>,
+        parents: &BTreeSet<String>,
+        batches: &[RecordBatch],
+    ) -> Result<(), HoursError> {
+        self.coverage = Coverage::merge(self.coverage, coverage);
+        self.parents.extend(parents.iter().cloned());
+        hours::fold(batches, &mut self.usage)
+    }
 }
 
 /// `[recommend]`.
@@ -67,8 +93,8 @@ pub struct RecommendSettings {
     pub window: Duration,
     #[serde(deserialize_with = "apron_common::duration::at_least_1s::deserialize")]
     pub interval: Duration,
-    /// A run reads the window this many GPUs at a time, so its memory follows this, not
-    /// the fleet's size (the per-minute spread alone is GPUs × minutes groups).
+    /// A run reads each hour this many GPUs at a time, so its memory follows this, not
+    /// the fleet's size (the per-minute spread alone is GPUs × 60 groups).
     pub gpus_per_query: usize,
     pub rules: RecommendConfig,
 }
@@ -79,7 +105,7 @@ impl Default for RecommendSettings {
             enabled: true,
             window: Duration::from_secs(7 * 86_400),
             interval: Duration::from_secs(900),
-            gpus_per_query: 64,
+            gpus_per_query: 1024,
             rules: RecommendConfig::default(),
         }
     }
@@ -113,6 +139,10 @@ pub struct Recommender {
     settings: RecommendSettings,
     table: Arc<SnapshotTable>,
     kick: tokio::sync::Notify,
+    /// Opened by the first run (it follows the store's changes from then on).
+    hours: tokio::sync::Mutex<Option<Hours>>,
+    /// Pieces (edges and hours) read from raw windows so far.
+    pieces_read: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Recommender {
@@ -128,7 +158,15 @@ impl Recommender {
         settings: RecommendSettings,
         table: Arc<SnapshotTable>,
     ) -> Recommender {
-        Recommender { engine, ledger, settings, table, kick: tokio::sync::Notify::new() }
+        Recommender {
+            engine,
+            ledger,
+            settings,
+            table,
+            kick: tokio::sync::Notify::new(),
+            hours: tokio::sync::Mutex::new(None),
+            pieces_read: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
     /// Asks the running loop for a refresh now (e.g. after a backfill landed).
@@ -138,6 +176,12 @@ impl Recommender {
 
     pub fn settings(&self) -> &RecommendSettings {
         &self.settings
+    }
+
+    /// How many pieces (raw edges and whole hours) runs have read from raw windows: a
+    /// run reads its two edges and the hours not stored or changed since.
+    pub fn pieces_read(&self) -> u64 {
+        self.pieces_read.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, RecommendError> {
@@ -157,137 +201,50 @@ impl Recommender {
             return Err(RecommendError::BadWindow(window));
         }
         let from_us = to_us - window_us;
+        let gathered = self.gather(from_us, to_us).await?;
         // Monthly figures extrapolate from the hours the data covers, not from the
         // window asked for: 24 h of history under a 7 d window is 24 h of evidence.
-        let covered_us = self.covered(from_us, to_us).await?.unwrap_or(window_us);
-        let idle = self.ledger.classify_config().idle_sql();
+        let covered_us = gathered.coverage.and_then(|c| c.within(from_us, to_us)).unwrap_or(window_us);
         let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
-        let parents = mig_parent_uuids(&self.engine, &range).await?;
-        let filter = Self::base_filter(&range, &parents);
-        let gpus = strings(
-            &self.engine,
-            &format!("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {filter} ORDER BY gpu_uuid"),
-        )
-        .await?;
-        let known = "(sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL)";
-        let per_gpu_sql = |slice: &str| {
-            format!(
-                "SELECT gpu_uuid, owner_kind, owner, max(\"host\"), max(\"cluster\"), max(gpu_model), max(mig_profile), \
-             max(CAST(fb_total_bytes AS BIGINT)), \
-             sum(window_s), sum(CASE WHEN {known} THEN window_s ELSE 0 END), sum(CASE WHEN {idle} THEN window_s ELSE 0 END), \
-             approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(sm_active AS DOUBLE)), \
-             approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(gpu_util AS DOUBLE)), \
-             approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(fb_used_bytes AS DOUBLE)) \
-             FROM gpu_samples WHERE {slice} GROUP BY gpu_uuid, owner_kind, owner ORDER BY gpu_uuid, owner_kind, owner"
-            )
-        };
-        let owners_sql = |slice: &str| {
-            format!(
-                "SELECT DISTINCT ON (gpu_uuid, owner_kind, owner) gpu_uuid, \"host\", {OWNER_COLUMNS_SQL} \
-             FROM gpu_samples WHERE {slice} ORDER BY gpu_uuid, owner_kind, owner, time DESC"
-            )
-        };
-        let spread_sql = |slice: &str| {
-            format!(
-                "SELECT gpu_uuid, owner_kind, owner, avg(idle_share), stddev_pop(idle_share), avg(sm), stddev_pop(sm) FROM (\
-             SELECT gpu_uuid, owner_kind, owner, date_bin(INTERVAL '1 minute', time - INTERVAL '1 microsecond') AS minute, \
-             sum(CASE WHEN {idle} THEN window_s ELSE 0 END) / nullif(sum(CASE WHEN {known} THEN window_s ELSE 0 END), 0) AS idle_share, \
-             avg(CAST(coalesce(sm_active, gpu_util) AS DOUBLE)) AS sm \
-             FROM gpu_samples WHERE {slice} GROUP BY 1, 2, 3, 4) GROUP BY 1, 2, 3"
-            )
-        };
-        let (mut per_gpu, mut owners, mut spread) = (Vec::new(), Vec::new(), Vec::new());
-        // A few GPUs at a time: memory follows the slice, not the fleet.
-        for chunk in gpus.chunks(self.settings.gpus_per_query.max(1)) {
-            let (Some(lo), Some(hi)) = (chunk.first(), chunk.last()) else { continue };
-            let slice = format!("{filter} AND gpu_uuid >= {} AND gpu_uuid <= {}", sql_str(lo), sql_str(hi));
-            per_gpu.extend(self.query(&per_gpu_sql(&slice)).await?);
-            owners.extend(self.query(&owners_sql(&slice)).await?);
-            spread.extend(self.query(&spread_sql(&slice)).await?);
-        }
-
-        type Key = (String, String, String);
-        let key_at = |b: &RecordBatch, r: usize| -> Key {
-            let s = |i: usize| b.column(i).as_string::<i32>().value(r).to_owned();
-            (s(0), s(1), s(2))
-        };
-        let mut owner_rows: BTreeMap<(String, String, String), crate::sqlutil::Owner> = BTreeMap::new();
-        let mut hosts: BTreeMap<String, String> = BTreeMap::new();
-        for b in &owners {
-            for r in 0..b.num_rows() {
-                let gpu = b.column(0).as_string::<i32>().value(r).to_owned();
-                hosts.insert(gpu.clone(), b.column(1).as_string::<i32>().value(r).to_owned());
-                if let Some(o) = owner_at(b, 2, r) {
-                    owner_rows.insert((gpu, o.kind.as_str().to_owned(), o.owner.clone()), o);
-                }
-            }
-        }
-        let mut spreads: BTreeMap<Key, (Spread, Spread)> = BTreeMap::new();
-        for b in &spread {
-            let f = |i: usize, r: usize| {
-                let c = b.column(i).as_primitive::<Float64Type>();
-                if c.is_null(r) { 0.0 } else { c.value(r) }
-            };
-            for r in 0..b.num_rows() {
-                spreads.insert(
-                    key_at(b, r),
-                    (Spread { mean: f(3, r), std: f(4, r) }, Spread { mean: f(5, r), std: f(6, r) }),
-                );
-            }
-        }
+        let filter = Self::base_filter(&range, &gathered.parents);
         let mut allocs: BTreeMap<(String, String), AllocationUse> = BTreeMap::new();
-        for b in &per_gpu {
-            let s = |i: usize| b.column(i).as_string::<i32>();
-            let f = |i: usize| b.column(i).as_primitive::<Float64Type>();
-            let opt_f = |i: usize, r: usize| (!f(i).is_null(r)).then(|| f(i).value(r));
-            for r in 0..b.num_rows() {
-                let key = key_at(b, r);
-                let Some(owner) = owner_rows.get(&key).cloned() else { continue };
-                let (gpu, host) = (key.0.clone(), s(3).value(r).to_owned());
-                let cluster = (!s(4).is_null(r)).then(|| s(4).value(r).to_owned());
-                let model = s(5).value(r).to_owned();
-                let mig = (!s(6).is_null(r)).then(|| s(6).value(r).to_owned());
-                let total = b.column(7).as_primitive::<Int64Type>();
-                let gk = GpuKey { model_name: &model, mig_profile: mig.as_deref(), cluster: cluster.as_deref() };
-                let price = self.ledger.quote(&gk, to_us).map(|q| Price {
-                    per_hour: q.usd_per_gpu_hour,
-                    kind: q.kind,
-                    spot_per_hour: self
-                        .ledger
-                        .price_book()
-                        .and_then(|book| book.spot_price_at(&gk, to_us).ok().flatten()),
-                });
-                let us = |i: usize| (f(i).value(r) * 1e6).round() as i64;
-                let (idle_spread, sm_spread) = spreads.get(&key).copied().unwrap_or_default();
-                let g = GpuUse {
-                    gpu_uuid: gpu.clone(),
-                    host: host.clone(),
-                    cluster,
-                    gpu_model: model,
-                    mig_profile: mig,
-                    fb_total_bytes: (!total.is_null(r)).then(|| total.value(r)),
-                    held_us: us(8),
-                    known_us: us(9),
-                    idle_us: us(10),
-                    p95_sm: opt_f(11, r).or_else(|| opt_f(12, r)),
-                    p95_mem_bytes: opt_f(13, r).map(|v| v.round() as i64),
-                    idle_spread,
-                    sm_spread,
-                    price,
-                };
-                let entry = allocs.entry((owner.kind.as_str().to_owned(), owner.owner.clone())).or_insert_with(|| {
-                    let resolved = self.ledger.teams().resolve(&gpu, &host, owner.clone());
-                    AllocationUse {
-                        owner_kind: owner.kind.as_str().to_owned(),
-                        owner: owner.owner.clone(),
-                        team: resolved.team,
-                        workload_kind: resolved.workload_kind,
-                        interruptible: resolved.interruptible,
-                        gpus: Vec::new(),
-                    }
-                });
-                entry.gpus.push(g);
-            }
+        for ((gpu, _, _), u) in gathered.usage {
+            let Some(owner) = u.owner else { continue };
+            let gk = GpuKey { model_name: &u.model, mig_profile: u.mig.as_deref(), cluster: u.cluster.as_deref() };
+            let price = self.ledger.quote(&gk, to_us).map(|q| Price {
+                per_hour: q.usd_per_gpu_hour,
+                kind: q.kind,
+                spot_per_hour: self.ledger.price_book().and_then(|book| book.spot_price_at(&gk, to_us).ok().flatten()),
+            });
+            let us = |s: f64| (s * 1e6).round() as i64;
+            let g = GpuUse {
+                gpu_uuid: gpu.clone(),
+                host: u.host.clone(),
+                cluster: u.cluster.clone(),
+                gpu_model: u.model.clone(),
+                mig_profile: u.mig.clone(),
+                fb_total_bytes: u.fb_total,
+                held_us: us(u.held_s),
+                known_us: us(u.known_s),
+                idle_us: us(u.idle_s),
+                p95_sm: Usage::quantile(u.sm.as_ref(), 0.95).or_else(|| Usage::quantile(u.util.as_ref(), 0.95)),
+                p95_mem_bytes: Usage::quantile(u.mem.as_ref(), 0.95).map(|v| v.round() as i64),
+                idle_spread: u.idle_minutes.spread(),
+                sm_spread: u.sm_minutes.spread(),
+                price,
+            };
+            let entry = allocs.entry((owner.kind.as_str().to_owned(), owner.owner.clone())).or_insert_with(|| {
+                let resolved = self.ledger.teams().resolve(&gpu, &u.host, owner.clone());
+                AllocationUse {
+                    owner_kind: owner.kind.as_str().to_owned(),
+                    owner: owner.owner.clone(),
+                    team: resolved.team,
+                    workload_kind: resolved.workload_kind,
+                    interruptible: resolved.interruptible,
+                    gpus: Vec::new(),
+                }
+            });
+            entry.gpus.push(g);
         }
         let allocs: Vec<AllocationUse> = allocs.into_values().collect();
         let mut items = recommend::plan(&allocs, &[], &self.settings.rules, covered_us)?;
@@ -328,29 +285,98 @@ impl Recommender {
         })
     }
 
-    /// How much of `(from, to]` the fleet's samples cover: from the start of the first
-    /// window in it (its end less the longest window) to the end of the last (`None`
-    /// when it holds no sample).
-    async fn covered(&self, from_us: i64, to_us: i64) -> Result<Option<i64>, RecommendError> {
-        let sql = format!(
-            "SELECT CAST(min(time) AS BIGINT), CAST(max(time) AS BIGINT), CAST(max(window_s) * 1000000 AS BIGINT) \
-             FROM gpu_samples WHERE time > {} AND time <= {}",
-            ts(from_us),
-            ts(to_us)
-        );
-        let batches = self.query(&sql).await?;
-        let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else { return Ok(None) };
-        let col = |i: usize| b.column(i).as_primitive::<Int64Type>();
-        let (first, last, window) = (col(0), col(1), col(2));
-        if first.is_null(0) || last.is_null(0) {
-            return Ok(None);
+    /// The window's figures per (GPU, owner): whole hours from the stored hours
+    /// (computing those not yet stored), the edges from raw windows.
+    async fn gather(&self, from_us: i64, to_us: i64) -> Result<Gathered, RecommendError> {
+        let (edges, whole) = hours::split(from_us, to_us);
+        let mut g = Gathered { usage: BTreeMap::new(), coverage: None, parents: BTreeSet::new() };
+        for (lo, hi) in edges {
+            let piece = self.piece(lo, hi).await?;
+            g.add(piece.coverage, &piece.parents, &piece.batches)?;
         }
-        let start = first.value(0) - if window.is_null(0) { 0 } else { window.value(0) };
-        let span = last.value(0).min(to_us) - start.max(from_us);
-        Ok((span > 0).then_some(span))
+        let mut guard = self.hours.lock().await;
+        if guard.is_none() {
+            match Hours::open(self.ledger.store()) {
+                Ok(h) => *guard = Some(h),
+                // Without a place for them every run reads its window whole, as before.
+                Err(e) => tracing::warn!(error = %e, "recommendations: cannot keep hours; reading the window whole"),
+            }
+        }
+        if let Some(stored) = guard.as_mut() {
+            stored.invalidate();
+        }
+        for &h in &whole {
+            if let Some(stored) = guard.as_mut().filter(|s| s.has(h)) {
+                match stored.read(h) {
+                    Ok(batches) => {
+                        let (coverage, parents) = stored.meta(h);
+                        g.add(coverage, parents, &batches)?;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, hour = %UnixMicros(h).to_rfc3339(), "recommendations: a stored hour is unreadable; reading it again");
+                        stored.forget(h);
+                    }
+                }
+            }
+            let piece = self.piece(h, h + hours::HOUR_US).await?;
+            g.add(piece.coverage, &piece.parents, &piece.batches)?;
+            if let Some(stored) = guard.as_mut()
+                && let Err(e) = stored.put(h, piece)
+            {
+                tracing::warn!(error = %e, "recommendations: cannot keep an hour; it is read again next run");
+            }
+        }
+        // MIG parents of any piece are left out of the whole window (their instances are
+        // the workloads), as a single query over the window would.
+        let parents = std::mem::take(&mut g.parents);
+        g.usage.retain(|(gpu, _, _), _| !parents.contains(gpu));
+        g.parents = parents;
+        Ok(g)
     }
 
-    /// The SQL that reproduces an item's held / known / idle figures.
+    /// The partial of `(lo, hi]` (within one hour), `gpus_per_query` GPUs at a time.
+    async fn piece(&self, lo: i64, hi: i64) -> Result<Piece, RecommendError> {
+        self.pieces_read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let range = format!("time > {} AND time <= {}", ts(lo), ts(hi));
+        let idle = self.ledger.classify_config().idle_sql();
+        let gpus = strings(
+            &self.engine,
+            &format!(
+                "SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE {range} AND owner IS NOT NULL AND NOT gpu_lost ORDER BY gpu_uuid"
+            ),
+        )
+        .await?;
+        let mut batches = Vec::new();
+        for chunk in gpus.chunks(self.settings.gpus_per_query.max(1)) {
+            let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
+            let slice = format!(" AND gpu_uuid >= {} AND gpu_uuid <= {}", sql_str(first), sql_str(last));
+            batches.extend(self.query(&hours::partial_sql(&range, &slice, &idle)).await?);
+        }
+        let sql = format!(
+            "SELECT CAST(min(time) AS BIGINT), CAST(max(time) AS BIGINT), CAST(max(window_s) * 1000000 AS BIGINT) \
+             FROM gpu_samples WHERE {range}"
+        );
+        let mut coverage = None;
+        for b in self.query(&sql).await? {
+            let col = |i: usize| b.column(i).as_primitive_opt::<Int64Type>();
+            let (Some(first), Some(last), Some(window)) = (col(0), col(1), col(2)) else {
+                return Err(RecommendError::Shape { sql, expected: "three BIGINT columns" });
+            };
+            if b.num_rows() > 0 && !first.is_null(0) && !last.is_null(0) {
+                coverage = Some(Coverage {
+                    first_us: first.value(0),
+                    last_us: last.value(0),
+                    window_us: if window.is_null(0) { 0 } else { window.value(0) },
+                });
+            }
+        }
+        let parents = mig_parent_uuids(&self.engine, &range).await?;
+        Ok(Piece { batches, coverage, parents })
+    }
+
+    /// The SQL that reproduces an item's held / known / idle figures and its p95s (the
+    /// window's sketch is the merge of its hours', bucket for bucket).
     fn evidence_sql(&self, pairs: &[(String, String, String)], from_us: i64, to_us: i64) -> String {
         let which: Vec<String> = pairs
             .iter()
@@ -362,8 +388,8 @@ impl Recommender {
             "SELECT gpu_uuid, owner, sum(window_s) AS held_s, \
              sum(CASE WHEN sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL THEN window_s ELSE 0 END) AS known_s, \
              sum(CASE WHEN {} THEN window_s ELSE 0 END) AS idle_s, \
-             approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(sm_active AS DOUBLE)) AS p95_sm_active, \
-             approx_percentile_cont(0.95) WITHIN GROUP (ORDER BY CAST(fb_used_bytes AS DOUBLE)) AS p95_fb_used_bytes \
+             ddsketch_quantile(ddsketch(CAST(sm_active AS DOUBLE)), 0.95) AS p95_sm_active, \
+             ddsketch_quantile(ddsketch(CAST(fb_used_bytes AS DOUBLE)), 0.95) AS p95_fb_used_bytes \
              FROM gpu_samples WHERE time > {} AND time <= {} AND NOT gpu_lost AND ({}) GROUP BY gpu_uuid, owner ORDER BY gpu_uuid",
             self.ledger.classify_config().idle_sql(),
             ts(from_us),
@@ -446,6 +472,11 @@ impl Recommender {
     /// Computes the table's window ending at `to_us` and publishes it.
     pub async fn refresh_at(&self, to_us: i64) -> Result<usize, RecommendError> {
         let set = self.compute(self.settings.window, to_us).await?;
+        // Hours before the table's window are kept only until the next refresh (an
+        // on-demand run over a longer window may have stored them).
+        if let Some(h) = self.hours.lock().await.as_mut() {
+            h.evict_before(hours::floor_hour(set.from_us));
+        }
         let n = set.recommendations.len();
         self.table.replace(vec![recommendations_batch(&set)?]);
         Ok(n)
