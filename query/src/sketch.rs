@@ -269,6 +269,9 @@ mod tests {
         .await
         .expect("p95");
         assert_eq!(whole.to_bits(), merged.to_bits(), "bucket counts add, whatever the grouping");
+        // Decimal columns (the stored ratios) coerce to DOUBLE.
+        let dec = one(&ctx, "SELECT ddsketch_quantile(ddsketch(CAST(x AS DECIMAL(5, 4))), 0.95) FROM v").await;
+        assert!(dec.is_some_and(|d| (d - whole).abs() <= whole * 0.01), "{dec:?}");
         // Zeros and NULLs: a group of zeros reads 0; a group of NULLs has no sketch.
         assert_eq!(one(&ctx, "SELECT ddsketch_quantile(ddsketch(x * 0), 0.95) FROM v").await, Some(0.0));
         assert_eq!(one(&ctx, "SELECT ddsketch_quantile(ddsketch(CAST(NULL AS DOUBLE)), 0.5) FROM v").await, None);
