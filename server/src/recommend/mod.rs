@@ -201,7 +201,9 @@ impl Recommender {
             return Err(RecommendError::BadWindow(window));
         }
         let from_us = to_us - window_us;
+        let (started, read_before) = (std::time::Instant::now(), self.pieces_read());
         let gathered = self.gather(from_us, to_us).await?;
+        let gathered_at = started.elapsed();
         // Monthly figures extrapolate from the hours the data covers, not from the
         // window asked for: 24 h of history under a 7 d window is 24 h of evidence.
         let covered_us = gathered.coverage.and_then(|c| c.within(from_us, to_us)).unwrap_or(window_us);
@@ -248,12 +250,14 @@ impl Recommender {
         }
         let allocs: Vec<AllocationUse> = allocs.into_values().collect();
         let mut items = recommend::plan(&allocs, &[], &self.settings.rules, covered_us)?;
+        let mut replayed = 0;
         for r in &mut items {
             let members = match &r.proposal {
                 Some(p) => recommend::replay_members(&allocs, p),
                 None => Vec::new(),
             };
             if !members.is_empty() {
+                replayed += members.len();
                 let series = self.series(&allocs, &members, &filter).await?;
                 recommend::finish(r, &allocs, &series, covered_us)?;
             }
@@ -268,6 +272,16 @@ impl Recommender {
             };
             r.evidence.insert("sql".into(), serde_json::Value::String(self.evidence_sql(&pairs, from_us, to_us)));
         }
+        // Where a run's time goes: the pieces read from raw windows, the whole run's
+        // gathering (those reads, and the stored hours folded), the proposals' replays.
+        tracing::info!(
+            window = %humantime::format_duration(window),
+            pieces_read = self.pieces_read() - read_before,
+            gather_ms = gathered_at.as_millis() as u64,
+            replayed_members = replayed,
+            replay_ms = (started.elapsed() - gathered_at).as_millis() as u64,
+            "recommendations computed"
+        );
         items.sort_by(|a, b| b.monthly_savings.cmp(&a.monthly_savings).then(a.id.cmp(&b.id)));
         let totals = savings_totals(&items);
         let now = UnixMicros::now().0;
