@@ -6,7 +6,9 @@
 //!  window (to − w, to]
 //!   gpu_samples ─► per (GPU, owner) and hour: held / known / idle seconds, DDSketches
 //!                  of SM activity and memory, per-minute idle share and SM moments
-//!                  (1 query per hour and GPU slice; whole hours kept, see [`hours`])
+//!                  (per hour: the GPU list, one query per GPU slice, coverage and
+//!                  MIG parents; whole hours kept and read again only when they
+//!                  change, see [`hours`])
 //!   merged over the window ─► p95s, spreads, the owner of the latest window
 //!   owners ─► teams, workload kinds, interruptible (the ledger's resolution)
 //!   price book ─► $/GPU-hour at `to` (+ the model's spot rate)
