@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BinaryArray, Float64Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err};
 use datafusion::execution::context::SessionContext;
@@ -223,19 +223,6 @@ impl ScalarUDFImpl for SketchQuantile {
             .collect::<Result<_>>()?;
         Ok(ColumnarValue::Array(Arc::new(out)))
     }
-}
-
-/// The sketches of a BINARY column merged, `None` when every row is NULL.
-pub fn merge_column(col: &BinaryArray) -> Result<Option<DDSketch>> {
-    let mut out: Option<DDSketch> = None;
-    for bytes in col.iter().flatten() {
-        let s = decode(bytes)?;
-        match &mut out {
-            Some(o) => merge(o, &s)?,
-            None => out = Some(s),
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -402,11 +402,12 @@ impl Recommender {
             .collect();
         format!(
             "SELECT gpu_uuid, owner, sum(window_s) AS held_s, \
-             sum(CASE WHEN sm_active_max IS NOT NULL OR gpu_util_max IS NOT NULL THEN window_s ELSE 0 END) AS known_s, \
+             sum(CASE WHEN {} THEN window_s ELSE 0 END) AS known_s, \
              sum(CASE WHEN {} THEN window_s ELSE 0 END) AS idle_s, \
              ddsketch_quantile(ddsketch(CAST(sm_active AS DOUBLE)), 0.95) AS p95_sm_active, \
              ddsketch_quantile(ddsketch(CAST(fb_used_bytes AS DOUBLE)), 0.95) AS p95_fb_used_bytes \
              FROM gpu_samples WHERE time > {} AND time <= {} AND NOT gpu_lost AND ({}) GROUP BY gpu_uuid, owner ORDER BY gpu_uuid",
+            hours::KNOWN_SQL,
             self.ledger.classify_config().idle_sql(),
             ts(from_us),
             ts(to_us),
