@@ -30,6 +30,7 @@
 #   CHUNK=20000 SENDERS=2   history request size and concurrency
 #   KEEP_DATA=0     1: keep the temp dir (config, data)
 #   EXTRA_TOML=…    appended to the server's config, e.g. $'[alerts]\nincremental = false'
+#   STORAGE_TOML=…  lines added to its [storage] table, e.g. 'memtable_max_bytes = 134217728'
 set -euo pipefail
 
 GPUS=${1:-256}
@@ -53,7 +54,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 tmp="$(mktemp -d /tmp/apron-fleet.XXXXXX)"
 data="$tmp/data"
-write_config "$tmp" "$data"
+write_config "$tmp" "$data" "${STORAGE_TOML:-}"
 [ -z "${EXTRA_TOML:-}" ] || printf '\n%s\n' "$EXTRA_TOML" >> "$tmp/apron.toml"
 
 trap cleanup EXIT

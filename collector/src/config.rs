@@ -80,8 +80,11 @@ impl Default for StoreConfig {
             data_dir: PathBuf::from("apron-data"),
             wal_segment_bytes: 64 << 20,
             persist_interval: Duration::from_secs(600),
-            persist_max_bytes: 128 << 20,
-            memtable_max_bytes: 256 << 20,
+            // 1,000 GPUs at 1 s windows fill 128 MiB in ~5 minutes; a persist of 64 MiB
+            // takes ~0.4 s. Half the budgets until 2026-12-06 took a 1,000-GPU server's
+            // peak from 1,032 to 969 MiB (docs/benchmarks.md, run L).
+            persist_max_bytes: 64 << 20,
+            memtable_max_bytes: 128 << 20,
             max_rows_per_batch: 100_000,
             max_batch_bytes: 512 << 20,
             dedup_retention: Duration::from_secs(7 * 86_400),
@@ -154,6 +157,7 @@ mod tests {
         assert_eq!(c.persist_interval, Duration::from_secs(30));
         assert_eq!(c.data_dir, PathBuf::from("/d"));
         assert_eq!(c.wal_segment_bytes, 64 << 20);
+        assert_eq!((c.memtable_max_bytes, c.persist_max_bytes), (128 << 20, 64 << 20));
         assert_eq!(c.dedup_retention, Duration::from_secs(7 * 86_400));
         assert_eq!(c.retention_raw, Duration::from_secs(30 * 86_400));
         assert_eq!(c.retention_derived, Duration::from_secs(400 * 86_400));

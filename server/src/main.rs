@@ -11,7 +11,8 @@ use clap::Parser;
 
 /// mimalloc instead of glibc's malloc: after `apron up`'s seed and first passes glibc
 /// kept ~600 MiB of freed memory in its arenas (938 MiB steady against 354 MiB with
-/// mimalloc; docs/benchmarks.md, "Memory").
+/// mimalloc; docs/benchmarks.md, "Memory"). Built with `no_thp` (Cargo.toml): with
+/// transparent huge pages a rollup pass peaked ~100 MiB higher.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -164,10 +164,8 @@ impl Up {
         let mut rollup = file.rollup;
         if !configured {
             // One machine's GPUs: budgets sized for `up`'s memory targets (≤ 500 MiB peak,
-            // ≤ 300 MiB steady; docs/benchmarks.md, "Memory: `apron up` RSS"), half the
-            // server's defaults, which are sized for fleets.
-            store_config.memtable_max_bytes = UP_MEMTABLE_MAX_BYTES;
-            store_config.persist_max_bytes = UP_MEMTABLE_MAX_BYTES / 2;
+            // ≤ 300 MiB steady; docs/benchmarks.md, "Memory: `apron up` RSS"); the
+            // memtable's are the server's defaults, the merges' half of them.
             store_config.compaction_memory_bytes = UP_COMPACTION_MEMORY_BYTES;
             rollup.gpus_per_query = UP_ROLLUP_GPUS_PER_QUERY;
         }
@@ -420,8 +418,6 @@ async fn open_agent(
     Ok((Some(Agent { config, source, listener }), choice))
 }
 
-/// `up`'s memtable budget without a config (the server's default: 256 MiB).
-const UP_MEMTABLE_MAX_BYTES: u64 = 128 << 20;
 /// `up`'s compaction budget without a config (the server's default: 128 MiB).
 const UP_COMPACTION_MEMORY_BYTES: usize = 64 << 20;
 /// GPUs per rollup query without a config (the server's default: 64): `up`'s 16 GPUs

@@ -12,6 +12,8 @@
 //!  activity, utilisation and memory used; count, mean and M2 of the per-minute idle
 //!  share and SM; the identity maxima; the owner columns of its latest window
 //!  + per piece: first and last window end, longest window, MIG parents seen
+//!  + per piece, in a second file: each (GPU, owner)'s per-minute series (held seconds,
+//!    busy or not, mean SM, peak memory), what a pack or right-size proposal replays
 //! ```
 //!
 //! Hour `h` holds the windows that end in `(h, h + 1 h]`, so each minute of the
@@ -19,7 +21,9 @@
 //! figure merges exactly: sums and maxima; DDSketch bucket counts (the p95 of a week
 //! merged from hours is the p95 of the week read whole, within the sketch's 1 %); the
 //! minute moments by Chan's parallel formula (equal up to float rounding, and the
-//! confidence they feed is rounded to 0.01).
+//! confidence they feed is rounded to 0.01). A minute's series row is whole in one piece
+//! too, so a replay reads its members' minutes from the stored hours and the edges, as
+//! it read them from the window's raw windows before.
 //!
 //! The store's change feed says which (table, day) spans received rows since the last
 //! run; the hours they cover are dropped and recomputed when next needed. Files live in
@@ -33,6 +37,7 @@ use std::path::{Path, PathBuf};
 use apron_collector::Store;
 use apron_collector::changes::ChangeFeed;
 use apron_common::wire::Table;
+use apron_cost::replay::Bucket;
 use apron_query::sketch;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, Int64Type};
@@ -186,10 +191,12 @@ impl Coverage {
     }
 }
 
-/// A piece's partial: its rows (see [`partial_sql`]) and what the run needs besides.
+/// A piece's partial: its rows (see [`partial_sql`]), its per-minute series (see
+/// [`minutes_sql`]) and what the run needs besides.
 #[derive(Default)]
 pub(crate) struct Piece {
     pub batches: Vec<RecordBatch>,
+    pub minutes: Vec<RecordBatch>,
     pub coverage: Option<Coverage>,
     pub parents: BTreeSet<String>,
 }
@@ -222,6 +229,60 @@ pub(crate) fn partial_sql(range: &str, slice: &str, idle: &str) -> String {
          FROM s JOIN sp ON s.gpu_uuid = sp.gpu_uuid AND s.owner_kind = sp.owner_kind AND s.owner = sp.owner \
          JOIN o ON s.gpu_uuid = o.g_ AND s.owner_kind = o.k_ AND s.owner = o.o_"
     )
+}
+
+/// The SQL of a piece's per-minute series over `range` (a `time` filter within one
+/// hour), for the GPUs `slice` admits: per (GPU, owner) and minute (`date_bin(1 minute,
+/// time − 1 µs)`, µs), whether any window computed, the mean SM (`sm_active`, else
+/// `gpu_util`), the peak memory used and the seconds held (at most 60), over the windows
+/// the partial reads (held, not lost).
+pub(crate) fn minutes_sql(range: &str, slice: &str, idle: &str) -> String {
+    format!(
+        "SELECT gpu_uuid, owner_kind, owner, \
+         CAST(date_bin(INTERVAL '1 minute', time - INTERVAL '1 microsecond') AS BIGINT) AS minute, \
+         bool_or(NOT coalesce({idle}, true)) AS busy, avg(CAST(coalesce(sm_active, gpu_util) AS DOUBLE)) AS sm, \
+         max(CAST(fb_used_bytes AS BIGINT)) AS mem, CAST(least(sum(window_s), 60.0) AS DOUBLE) AS held \
+         FROM gpu_samples WHERE {range} AND owner IS NOT NULL AND NOT gpu_lost{slice} GROUP BY 1, 2, 3, 4"
+    )
+}
+
+/// Adds the minutes of `batches` (rows of [`minutes_sql`]) whose (GPU, owner) is in
+/// `wanted` to `out`, unsorted.
+pub(crate) fn fold_minutes(
+    batches: impl IntoIterator<Item = Result<RecordBatch, HoursError>>,
+    wanted: &BTreeSet<Key>,
+    out: &mut BTreeMap<Key, Vec<Bucket>>,
+) -> Result<(), HoursError> {
+    let gpus: BTreeSet<&str> = wanted.iter().map(|(g, _, _)| g.as_str()).collect();
+    for b in batches {
+        let b = b?;
+        let s = |i: usize| b.column(i).as_string_opt::<i32>().ok_or(HoursError::Shape(i));
+        let (gpu, kind, owner) = (s(0)?, s(1)?, s(2)?);
+        let minute = b.column(3).as_primitive_opt::<Int64Type>().ok_or(HoursError::Shape(3))?;
+        let busy = b.column(4).as_boolean_opt().ok_or(HoursError::Shape(4))?;
+        let sm = b.column(5).as_primitive_opt::<Float64Type>().ok_or(HoursError::Shape(5))?;
+        let mem = b.column(6).as_primitive_opt::<Int64Type>().ok_or(HoursError::Shape(6))?;
+        let held = b.column(7).as_primitive_opt::<Float64Type>().ok_or(HoursError::Shape(7))?;
+        for r in 0..b.num_rows() {
+            // Most rows are of GPUs no proposal holds: rejected before a key is built.
+            if gpu.is_null(r) || kind.is_null(r) || owner.is_null(r) || !gpus.contains(gpu.value(r)) {
+                continue;
+            }
+            let key = (gpu.value(r).to_owned(), kind.value(r).to_owned(), owner.value(r).to_owned());
+            if !wanted.contains(&key) {
+                continue;
+            }
+            out.entry(key).or_default().push(Bucket {
+                start_us: minute.value(r),
+                len_us: (held.value(r) * 1e6).round() as i64,
+                held: true,
+                busy: !busy.is_null(r) && busy.value(r),
+                sm: (!sm.is_null(r)).then(|| sm.value(r)),
+                mem_bytes: (!mem.is_null(r)).then(|| mem.value(r)),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What can go wrong with the stored hours.
@@ -303,6 +364,7 @@ struct Meta {
     coverage: Option<Coverage>,
     parents: BTreeSet<String>,
     rows: usize,
+    minute_rows: usize,
 }
 
 /// The stored hours of one process.
@@ -344,6 +406,10 @@ impl Hours {
         self.dir.path().join(format!("{hour}.arrow"))
     }
 
+    fn minutes_path(&self, hour: i64) -> PathBuf {
+        self.dir.path().join(format!("{hour}.minutes.arrow"))
+    }
+
     /// Drops the hours that received rows since the last call.
     pub fn invalidate(&mut self) {
         let changed = self.feed.take();
@@ -361,6 +427,7 @@ impl Hours {
         if self.stored.remove(&hour).is_some() {
             // A file that cannot be removed is overwritten when the hour is next stored.
             let _ = std::fs::remove_file(self.path(hour));
+            let _ = std::fs::remove_file(self.minutes_path(hour));
         }
     }
 
@@ -376,23 +443,13 @@ impl Hours {
         self.stored.contains_key(&hour)
     }
 
-    /// Keeps `piece` as hour `hour` (replacing the file atomically).
+    /// Keeps `piece` as hour `hour` (replacing its files atomically).
     pub fn put(&mut self, hour: i64, piece: Piece) -> Result<(), HoursError> {
-        let path = self.path(hour);
-        let rows = piece.batches.iter().map(RecordBatch::num_rows).sum();
-        if rows > 0 {
-            let tmp = path.with_extension("tmp");
-            let arrow = |source| HoursError::Arrow { path: tmp.clone(), source };
-            let file = File::create(&tmp).map_err(|source| HoursError::Io { path: tmp.clone(), source })?;
-            let schema = piece.batches[0].schema();
-            let mut w = FileWriter::try_new(file, &schema).map_err(arrow)?;
-            for b in piece.batches.iter().filter(|b| b.num_rows() > 0) {
-                w.write(b).map_err(arrow)?;
-            }
-            w.finish().map_err(arrow)?;
-            std::fs::rename(&tmp, &path).map_err(|source| HoursError::Io { path: path.clone(), source })?;
-        }
-        self.stored.insert(hour, Meta { coverage: piece.coverage, parents: piece.parents, rows });
+        // Forgotten first: an hour whose second file fails is not left half replaced.
+        self.forget(hour);
+        let rows = write_ipc(&self.path(hour), &piece.batches)?;
+        let minute_rows = write_ipc(&self.minutes_path(hour), &piece.minutes)?;
+        self.stored.insert(hour, Meta { coverage: piece.coverage, parents: piece.parents, rows, minute_rows });
         Ok(())
     }
 
@@ -410,12 +467,44 @@ impl Hours {
         if self.stored.get(&hour).is_none_or(|m| m.rows == 0) {
             return Ok(Vec::new());
         }
-        let path = self.path(hour);
-        let file = File::open(&path).map_err(|source| HoursError::Io { path: path.clone(), source })?;
-        let reader =
-            FileReader::try_new(file, None).map_err(|source| HoursError::Arrow { path: path.clone(), source })?;
-        reader.collect::<Result<Vec<_>, _>>().map_err(|source| HoursError::Arrow { path, source })
+        read_ipc(&self.path(hour))?.collect()
     }
+
+    /// The per-minute series of stored hour `hour`, a batch at a time.
+    pub fn read_minutes(
+        &self,
+        hour: i64,
+    ) -> Result<Box<dyn Iterator<Item = Result<RecordBatch, HoursError>>>, HoursError> {
+        if self.stored.get(&hour).is_none_or(|m| m.minute_rows == 0) {
+            return Ok(Box::new(std::iter::empty()));
+        }
+        Ok(Box::new(read_ipc(&self.minutes_path(hour))?))
+    }
+}
+
+/// Writes `batches` to `path` as an Arrow IPC file (through a temp file and a rename);
+/// nothing is written for no rows. The rows written.
+fn write_ipc(path: &Path, batches: &[RecordBatch]) -> Result<usize, HoursError> {
+    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    let Some(first) = batches.first().filter(|_| rows > 0) else { return Ok(0) };
+    let tmp = path.with_extension("tmp");
+    let arrow = |source| HoursError::Arrow { path: tmp.clone(), source };
+    let file = File::create(&tmp).map_err(|source| HoursError::Io { path: tmp.clone(), source })?;
+    let mut w = FileWriter::try_new(file, &first.schema()).map_err(arrow)?;
+    for b in batches.iter().filter(|b| b.num_rows() > 0) {
+        w.write(b).map_err(arrow)?;
+    }
+    w.finish().map_err(arrow)?;
+    std::fs::rename(&tmp, path).map_err(|source| HoursError::Io { path: path.to_path_buf(), source })?;
+    Ok(rows)
+}
+
+/// The batches of the Arrow IPC file at `path`, read as they are taken.
+fn read_ipc(path: &Path) -> Result<impl Iterator<Item = Result<RecordBatch, HoursError>> + use<>, HoursError> {
+    let owned = path.to_path_buf();
+    let file = File::open(path).map_err(|source| HoursError::Io { path: owned.clone(), source })?;
+    let reader = FileReader::try_new(file, None).map_err(|source| HoursError::Arrow { path: owned.clone(), source })?;
+    Ok(reader.map(move |b| b.map_err(|source| HoursError::Arrow { path: owned.clone(), source })))
 }
 
 /// Removes `pid<N>-…` directories of processes that no longer run (Linux: no

@@ -13,7 +13,9 @@
 //!   owners ─► teams, workload kinds, interruptible (the ledger's resolution)
 //!   price book ─► $/GPU-hour at `to` (+ the model's spot rate)
 //!   apron_cost::recommend::plan ─► reclaim, right-size, pack, downsize, spot
-//!   proposals ─► per-minute series of their members (1 query each) ─► replay ─► savings
+//!   proposals ─► per-minute series of their members (from the stored hours' minute
+//!                files and the edges, read for up to REPLAY_MEMBERS_PER_READ members
+//!                at a time) ─► replay ─► savings
 //! ```
 //!
 //! Every figure is in the item's `evidence`, with the SQL that reproduces it. The
@@ -35,9 +37,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray,
 };
-use datafusion::arrow::datatypes::{
-    DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType,
-};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::error::ArrowError;
 use serde::Deserialize;
 
@@ -70,7 +70,17 @@ struct Gathered {
     usage: BTreeMap<hours::Key, Usage>,
     coverage: Option<Coverage>,
     parents: BTreeSet<String>,
+    /// The edges' per-minute series (read with them, at most two hours).
+    edge_minutes: Vec<RecordBatch>,
+    /// The stored hours holding the rest of the window's minutes; `None` when an hour
+    /// could not be kept, and replays read their members from raw windows.
+    minute_hours: Option<Vec<i64>>,
 }
+
+/// How many proposal members' series one read of the window's minute files collects: a
+/// week is 10,080 minutes of ~56 bytes per member, so 128 members hold ≤ ~70 MB, and
+/// the hours' files are read once per that many members instead of once per proposal.
+const REPLAY_MEMBERS_PER_READ: usize = 128;
 
 impl Gathered {
     fn add(
@@ -145,6 +155,8 @@ pub struct Recommender {
     hours: tokio::sync::Mutex<Option<Hours>>,
     /// Pieces (edges and hours) read from raw windows so far.
     pieces_read: std::sync::atomic::AtomicU64,
+    /// Proposals replayed from raw windows (an hour's minutes could not be kept).
+    raw_replays: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Recommender {
@@ -168,6 +180,7 @@ impl Recommender {
             kick: tokio::sync::Notify::new(),
             hours: tokio::sync::Mutex::new(None),
             pieces_read: std::sync::atomic::AtomicU64::new(0),
+            raw_replays: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -184,6 +197,12 @@ impl Recommender {
     /// run reads its two edges and the hours not stored or changed since.
     pub fn pieces_read(&self) -> u64 {
         self.pieces_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many proposals runs have replayed from raw windows over their whole window
+    /// (0 while every hour's minutes could be kept).
+    pub fn raw_replays(&self) -> u64 {
+        self.raw_replays.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, RecommendError> {
@@ -203,8 +222,10 @@ impl Recommender {
             return Err(RecommendError::BadWindow(window));
         }
         let from_us = to_us - window_us;
-        let (started, read_before) = (std::time::Instant::now(), self.pieces_read());
-        let gathered = self.gather(from_us, to_us).await?;
+        let (started, read_before, raw_before) = (std::time::Instant::now(), self.pieces_read(), self.raw_replays());
+        // Held to the end of the replays: the minute files they read stay as gathered.
+        let mut stored = self.hours.lock().await;
+        let gathered = self.gather(&mut stored, from_us, to_us).await?;
         let gathered_at = started.elapsed();
         // Monthly figures extrapolate from the hours the data covers, not from the
         // window asked for: 24 h of history under a 7 d window is 24 h of evidence.
@@ -252,24 +273,58 @@ impl Recommender {
         }
         let allocs: Vec<AllocationUse> = allocs.into_values().collect();
         let mut items = recommend::plan(&allocs, &[], &self.settings.rules, covered_us)?;
+        let members: Vec<Vec<(usize, usize)>> = items
+            .iter()
+            .map(|r| r.proposal.as_ref().map(|p| recommend::replay_members(&allocs, p)).unwrap_or_default())
+            .collect();
+        let key = |&(a, g): &(usize, usize)| -> hours::Key {
+            (allocs[a].gpus[g].gpu_uuid.clone(), allocs[a].owner_kind.clone(), allocs[a].owner.clone())
+        };
+        let workload = |&(a, g): &(usize, usize), buckets: Vec<Bucket>| Workload {
+            name: format!("{} on {}", allocs[a].owner, allocs[a].gpus[g].gpu_uuid),
+            buckets,
+        };
         let mut replayed = 0;
-        for r in &mut items {
-            let members = match &r.proposal {
-                Some(p) => recommend::replay_members(&allocs, p),
-                None => Vec::new(),
-            };
-            if !members.is_empty() {
-                replayed += members.len();
-                let series = self.series(&allocs, &members, &filter).await?;
-                recommend::finish(r, &allocs, &series, covered_us)?;
+        // Proposals in groups of about REPLAY_MEMBERS_PER_READ members; each group's
+        // series come from one read of the window's minutes.
+        let mut start = 0;
+        while start < items.len() {
+            let (mut end, mut n) = (start, 0);
+            while end < items.len() && (end == start || n + members[end].len() <= REPLAY_MEMBERS_PER_READ) {
+                n += members[end].len();
+                end += 1;
             }
+            let wanted: BTreeSet<hours::Key> = members[start..end].iter().flatten().map(key).collect();
+            let series = match &gathered.minute_hours {
+                Some(hs) if !wanted.is_empty() => {
+                    self.stored_series(stored.as_ref(), &gathered.edge_minutes, hs, &wanted)
+                }
+                _ => None,
+            };
+            for (r, m) in items[start..end].iter_mut().zip(&members[start..end]) {
+                if m.is_empty() {
+                    continue;
+                }
+                replayed += m.len();
+                let raw;
+                let by_key = match series.as_ref() {
+                    Some(by_key) => by_key,
+                    None => {
+                        self.raw_replays.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        raw = self.raw_series(&allocs, m, &filter).await?;
+                        &raw
+                    }
+                };
+                let workloads: Vec<Workload> =
+                    m.iter().map(|mg| workload(mg, by_key.get(&key(mg)).cloned().unwrap_or_default())).collect();
+                recommend::finish(r, &allocs, &workloads, covered_us)?;
+            }
+            start = end;
+        }
+        drop(stored);
+        for (r, m) in items.iter_mut().zip(&members) {
             let pairs: Vec<(String, String, String)> = match &r.proposal {
-                Some(_) => members
-                    .iter()
-                    .map(|(a, g)| {
-                        (allocs[*a].gpus[*g].gpu_uuid.clone(), allocs[*a].owner_kind.clone(), allocs[*a].owner.clone())
-                    })
-                    .collect(),
+                Some(_) => m.iter().map(key).collect(),
                 None => r.gpus.iter().map(|g| (g.clone(), r.owner_kind.clone(), r.owner.clone())).collect(),
             };
             r.evidence.insert("sql".into(), serde_json::Value::String(self.evidence_sql(&pairs, from_us, to_us)));
@@ -281,6 +336,7 @@ impl Recommender {
             pieces_read = self.pieces_read() - read_before,
             gather_ms = gathered_at.as_millis() as u64,
             replayed_members = replayed,
+            replays_from_raw = self.raw_replays() - raw_before,
             replay_ms = (started.elapsed() - gathered_at).as_millis() as u64,
             "recommendations computed"
         );
@@ -303,14 +359,20 @@ impl Recommender {
 
     /// The window's figures per (GPU, owner): whole hours from the stored hours
     /// (computing those not yet stored), the edges from raw windows.
-    async fn gather(&self, from_us: i64, to_us: i64) -> Result<Gathered, RecommendError> {
+    async fn gather(&self, guard: &mut Option<Hours>, from_us: i64, to_us: i64) -> Result<Gathered, RecommendError> {
         let (edges, whole) = hours::split(from_us, to_us);
-        let mut g = Gathered { usage: BTreeMap::new(), coverage: None, parents: BTreeSet::new() };
+        let mut g = Gathered {
+            usage: BTreeMap::new(),
+            coverage: None,
+            parents: BTreeSet::new(),
+            edge_minutes: Vec::new(),
+            minute_hours: Some(Vec::new()),
+        };
         for (lo, hi) in edges {
             let piece = self.piece(lo, hi).await?;
             g.add(piece.coverage, &piece.parents, &piece.batches)?;
+            g.edge_minutes.extend(piece.minutes);
         }
-        let mut guard = self.hours.lock().await;
         if guard.is_none() {
             match Hours::open(self.ledger.store()) {
                 Ok(h) => *guard = Some(h),
@@ -327,6 +389,9 @@ impl Recommender {
                     Ok(batches) => {
                         let (coverage, parents) = stored.meta(h);
                         g.add(coverage, parents, &batches)?;
+                        if let Some(hs) = g.minute_hours.as_mut() {
+                            hs.push(h);
+                        }
                         continue;
                     }
                     Err(e) => {
@@ -337,10 +402,19 @@ impl Recommender {
             }
             let piece = self.piece(h, h + hours::HOUR_US).await?;
             g.add(piece.coverage, &piece.parents, &piece.batches)?;
-            if let Some(stored) = guard.as_mut()
-                && let Err(e) = stored.put(h, piece)
-            {
-                tracing::warn!(error = %e, "recommendations: cannot keep an hour; it is read again next run");
+            match guard.as_mut().map(|stored| stored.put(h, piece)) {
+                Some(Ok(())) => {
+                    if let Some(hs) = g.minute_hours.as_mut() {
+                        hs.push(h);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "recommendations: cannot keep an hour; it is read again next run");
+                    g.minute_hours = None;
+                }
+                // The minutes of an hour not kept are not held in memory either (a
+                // week of them would be the whole fleet's): replays read raw windows.
+                None => g.minute_hours = None,
             }
         }
         // MIG parents of any piece are left out of the whole window (their instances are
@@ -363,11 +437,12 @@ impl Recommender {
             ),
         )
         .await?;
-        let mut batches = Vec::new();
+        let (mut batches, mut minutes) = (Vec::new(), Vec::new());
         for chunk in gpus.chunks(self.settings.gpus_per_query.max(1)) {
             let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
             let slice = format!(" AND gpu_uuid >= {} AND gpu_uuid <= {}", sql_str(first), sql_str(last));
             batches.extend(self.query(&hours::partial_sql(&range, &slice, &idle)).await?);
+            minutes.extend(self.query(&hours::minutes_sql(&range, &slice, &idle)).await?);
         }
         let sql = format!(
             "SELECT CAST(min(time) AS BIGINT), CAST(max(time) AS BIGINT), CAST(max(window_s) * 1000000 AS BIGINT) \
@@ -388,7 +463,7 @@ impl Recommender {
             }
         }
         let parents = mig_parent_uuids(&self.engine, &range).await?;
-        Ok(Piece { batches, coverage, parents })
+        Ok(Piece { batches, minutes, coverage, parents })
     }
 
     /// The SQL that reproduces an item's held / known / idle figures and its p95s (the
@@ -415,13 +490,43 @@ impl Recommender {
         )
     }
 
-    /// Per-minute series of `members`, in their order.
-    async fn series(
+    /// The per-minute series of the (GPU, owner) pairs in `wanted`, from the edges' rows
+    /// and the stored hours `hours_read`, each in time order; `None` (after a warning)
+    /// when a stored hour cannot be read, and the replays read raw windows instead.
+    fn stored_series(
+        &self,
+        stored: Option<&Hours>,
+        edges: &[RecordBatch],
+        hours_read: &[i64],
+        wanted: &BTreeSet<hours::Key>,
+    ) -> Option<BTreeMap<hours::Key, Vec<Bucket>>> {
+        let stored = stored?;
+        let mut out = BTreeMap::new();
+        let mut read = || -> Result<(), HoursError> {
+            hours::fold_minutes(edges.iter().cloned().map(Ok), wanted, &mut out)?;
+            for &h in hours_read {
+                hours::fold_minutes(stored.read_minutes(h)?, wanted, &mut out)?;
+            }
+            Ok(())
+        };
+        if let Err(e) = read() {
+            tracing::warn!(error = %e, "recommendations: stored minutes unreadable; replaying from raw windows");
+            return None;
+        }
+        for buckets in out.values_mut() {
+            buckets.sort_by_key(|b| b.start_us);
+        }
+        Some(out)
+    }
+
+    /// Per-minute series of `members` read from raw windows over the run's `filter`
+    /// (the whole window), by (GPU, owner).
+    async fn raw_series(
         &self,
         allocs: &[AllocationUse],
         members: &[(usize, usize)],
         filter: &str,
-    ) -> Result<Vec<Workload>, RecommendError> {
+    ) -> Result<BTreeMap<hours::Key, Vec<Bucket>>, RecommendError> {
         let idle = self.ledger.classify_config().idle_sql();
         let which: Vec<String> = members
             .iter()
@@ -435,55 +540,20 @@ impl Recommender {
                 )
             })
             .collect();
-        let sql = format!(
-            "SELECT gpu_uuid, owner_kind, owner, \
-             CAST(date_bin(INTERVAL '1 minute', time - INTERVAL '1 microsecond') AS TIMESTAMP) AS minute, \
-             bool_or(NOT coalesce({idle}, true)), avg(CAST(coalesce(sm_active, gpu_util) AS DOUBLE)), \
-             max(CAST(fb_used_bytes AS BIGINT)), least(sum(window_s), 60.0) \
-             FROM gpu_samples WHERE {filter} AND ({}) GROUP BY 1, 2, 3, 4 ORDER BY 4",
-            which.join(" OR ")
-        );
+        // The same rows as a piece's minutes, over the window.
+        let range = format!("{filter} AND ({})", which.join(" OR "));
+        let sql = hours::minutes_sql(&range, "", &idle);
         let batches = self.query(&sql).await?;
-        let mut by_key: BTreeMap<(String, String, String), Vec<Bucket>> = BTreeMap::new();
-        for b in &batches {
-            let s = |i: usize| b.column(i).as_string::<i32>();
-            let minute = b.column(3).as_primitive_opt::<TimestampMicrosecondType>();
-            let minute_ns = b.column(3).as_primitive_opt::<datafusion::arrow::datatypes::TimestampNanosecondType>();
-            let busy = b.column(4).as_boolean();
-            let sm = b.column(5).as_primitive::<Float64Type>();
-            let mem = b.column(6).as_primitive::<Int64Type>();
-            let held = b.column(7).as_primitive::<Float64Type>();
-            for r in 0..b.num_rows() {
-                let start_us = match (minute, minute_ns) {
-                    (Some(m), _) => m.value(r),
-                    (None, Some(m)) => m.value(r) / 1000,
-                    _ => return Err(RecommendError::Shape { sql: sql.clone(), expected: "a timestamp minute column" }),
-                };
-                by_key
-                    .entry((s(0).value(r).to_owned(), s(1).value(r).to_owned(), s(2).value(r).to_owned()))
-                    .or_default()
-                    .push(Bucket {
-                        start_us,
-                        len_us: (held.value(r) * 1e6).round() as i64,
-                        held: true,
-                        busy: !busy.is_null(r) && busy.value(r),
-                        sm: (!sm.is_null(r)).then(|| sm.value(r)),
-                        mem_bytes: (!mem.is_null(r)).then(|| mem.value(r)),
-                    });
-            }
-        }
-        Ok(members
+        let wanted: BTreeSet<hours::Key> = members
             .iter()
-            .map(|(a, g)| {
-                let (a, g) = (&allocs[*a], &allocs[*a].gpus[*g]);
-                Workload {
-                    name: format!("{} on {}", a.owner, g.gpu_uuid),
-                    buckets: by_key
-                        .remove(&(g.gpu_uuid.clone(), a.owner_kind.clone(), a.owner.clone()))
-                        .unwrap_or_default(),
-                }
-            })
-            .collect())
+            .map(|&(a, g)| (allocs[a].gpus[g].gpu_uuid.clone(), allocs[a].owner_kind.clone(), allocs[a].owner.clone()))
+            .collect();
+        let mut out = BTreeMap::new();
+        hours::fold_minutes(batches.into_iter().map(Ok), &wanted, &mut out)?;
+        for buckets in out.values_mut() {
+            buckets.sort_by_key(|b| b.start_us);
+        }
+        Ok(out)
     }
 
     /// Computes the table's window ending at `to_us` and publishes it.

@@ -8,9 +8,11 @@
 //! computes every day whole from the same store, and both tables must be identical
 //! row for row (seconds and dollars as exact decimals).
 //!
-//! The recommender over the same arrival: its runs keep whole hours and read again only
-//! those that received rows; every few passes, and at the end, its answer equals that
-//! of a recommender that reads the whole window.
+//! The recommender over the same arrival: its runs keep whole hours (partials and
+//! per-minute series) and read again only those that received rows; every few passes,
+//! and at the end, its answer equals that of a recommender that reads the whole window,
+//! and at the end that of one that can keep nothing (every piece and every replay from
+//! raw windows).
 
 use std::time::Duration;
 
@@ -236,7 +238,7 @@ async fn recommendations_from_stored_hours_equal_reading_the_window_whole() {
     std::fs::write(&book, BOOK).expect("book");
     let config = CostConfig { price_book: Some(book), ..CostConfig::default() };
     let settings = RecommendSettings { gpus_per_query: 2, ..RecommendSettings::default() };
-    let server = open(dir.path()).with_cost(config).expect("cost on").with_recommend(settings.clone());
+    let server = open(dir.path()).with_cost(config.clone()).expect("cost on").with_recommend(settings.clone());
     let store = server.store().clone();
     let ledger = server.ledger().expect("ledger").clone();
     let rec = server.recommender().expect("recommender").clone();
@@ -246,8 +248,8 @@ async fn recommendations_from_stored_hours_equal_reading_the_window_whole() {
     windows.sort_by_key(|w| w.time.0);
     let (mut seq, mut passes, mut now) = (0u64, 0u32, T0 + 20 * MIN);
     let last = T0 + DAY + 3 * HOUR + 10 * MIN;
-    let mut items = 0;
-    loop {
+    let (mut items, mut replays) = (0, 0);
+    let last_answer = loop {
         let (due, rest): (Vec<GpuWindow>, Vec<GpuWindow>) =
             windows.into_iter().partition(|w| w.time.0 <= now && late(w).is_none_or(|at| at <= now));
         windows = rest;
@@ -278,13 +280,30 @@ async fn recommendations_from_stored_hours_equal_reading_the_window_whole() {
             let whole = fresh.compute(window, now).await.expect("run over the whole window");
             assert_eq!(answer(&stored), answer(&whole), "at {}", UnixMicros(now).to_rfc3339());
             items += stored.recommendations.len();
+            replays += stored.recommendations.iter().filter(|r| r.replay.is_some()).count();
+            assert_eq!(fresh.raw_replays(), 0, "replays read the stored minutes");
         }
         passes += 1;
         if now >= last {
-            break;
+            break answer(&stored);
         }
         now = (now + 35 * MIN).min(last);
-    }
+    };
     assert!(windows.is_empty());
-    assert!(items > 0, "the trace gives recommendations to compare");
+    assert!(items > 0 && replays > 0, "the trace gives recommendations and replays to compare");
+    assert_eq!(rec.raw_replays(), 0, "replays read the stored minutes");
+
+    // Where no hour can be kept (the directory cannot be made: a full or read-only disk)
+    // every run reads its pieces and replays its proposals from raw windows: the same
+    // answer.
+    store.persist_now().expect("persist");
+    drop((rec, ledger, store, server));
+    let hours_dir = dir.path().join("data").join("derived").join("recommend-hours");
+    std::fs::remove_dir_all(&hours_dir).expect("remove the stored hours");
+    std::fs::write(&hours_dir, "not a directory").expect("block the stored hours");
+    let server = open(dir.path()).with_cost(config).expect("cost on").with_recommend(settings);
+    let rec = server.recommender().expect("recommender").clone();
+    let raw = rec.compute(window, last).await.expect("run from raw windows");
+    assert!(rec.raw_replays() > 0, "replayed from raw windows");
+    assert_eq!(answer(&raw), last_answer);
 }
