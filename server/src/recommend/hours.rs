@@ -560,6 +560,54 @@ mod tests {
     }
 
     #[test]
+    fn minutes_fold_only_the_wanted_pairs_and_survive_a_file() {
+        use datafusion::arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+        use std::sync::Arc;
+        let strs = |v: [Option<&str>; 3]| Arc::new(StringArray::from(v.to_vec())) as ArrayRef;
+        let batch = RecordBatch::try_from_iter([
+            ("gpu_uuid", strs([Some("GPU-a"), Some("GPU-a"), Some("GPU-b")])),
+            ("owner_kind", strs([Some("pod"), Some("job"), Some("pod")])),
+            ("owner", strs([Some("ml/train"), Some("42"), Some("ml/train")])),
+            ("minute", Arc::new(Int64Array::from(vec![120_000_000, 60_000_000, 0])) as ArrayRef),
+            ("busy", Arc::new(BooleanArray::from(vec![Some(true), None, Some(false)])) as ArrayRef),
+            ("sm", Arc::new(Float64Array::from(vec![Some(0.5), None, Some(0.0)])) as ArrayRef),
+            ("mem", Arc::new(Int64Array::from(vec![Some(1 << 30), None, Some(0)])) as ArrayRef),
+            ("held", Arc::new(Float64Array::from(vec![60.0, 12.5, 60.0])) as ArrayRef),
+        ])
+        .expect("batch");
+        let key = |g: &str, k: &str, o: &str| (g.to_owned(), k.to_owned(), o.to_owned());
+        // GPU-a's job is another pair of the same GPU; GPU-b is not asked for.
+        let wanted = BTreeSet::from([key("GPU-a", "pod", "ml/train"), key("GPU-c", "pod", "x")]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("h.minutes.arrow");
+        assert_eq!(write_ipc(&path, std::slice::from_ref(&batch)).expect("write"), 3);
+        let mut out = BTreeMap::new();
+        fold_minutes(read_ipc(&path).expect("read"), &wanted, &mut out).expect("fold");
+        assert_eq!(out.len(), 1);
+        let b = out[&key("GPU-a", "pod", "ml/train")].clone();
+        assert_eq!(
+            b,
+            vec![Bucket {
+                start_us: 120_000_000,
+                len_us: 60_000_000,
+                held: true,
+                busy: true,
+                sm: Some(0.5),
+                mem_bytes: Some(1 << 30)
+            }]
+        );
+        // A NULL busy reads as idle, NULL gauges as unknown, held seconds as µs.
+        let all = BTreeSet::from([key("GPU-a", "job", "42")]);
+        let mut out = BTreeMap::new();
+        fold_minutes([Ok(batch)], &all, &mut out).expect("fold");
+        let b = out[&key("GPU-a", "job", "42")][0];
+        assert_eq!((b.busy, b.sm, b.mem_bytes, b.len_us), (false, None, None, 12_500_000));
+        // No rows, no file.
+        assert_eq!(write_ipc(&dir.path().join("empty.arrow"), &[]).expect("write"), 0);
+        assert!(!dir.path().join("empty.arrow").exists());
+    }
+
+    #[test]
     fn coverage_merges_and_clips_to_the_window() {
         let a = Coverage { first_us: 100, last_us: 200, window_us: 10 };
         let b = Coverage { first_us: 50, last_us: 150, window_us: 30 };
