@@ -285,6 +285,13 @@ pub(crate) fn fold_minutes(
     Ok(())
 }
 
+/// Puts each series of `out` in time order (pieces and files come in any order).
+pub(crate) fn sort_series(out: &mut BTreeMap<Key, Vec<Bucket>>) {
+    for buckets in out.values_mut() {
+        buckets.sort_by_key(|b| b.start_us);
+    }
+}
+
 /// What can go wrong with the stored hours.
 #[derive(Debug, thiserror::Error)]
 pub enum HoursError {

@@ -311,7 +311,7 @@ impl Recommender {
                     Some(by_key) => by_key,
                     None => {
                         self.raw_replays.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        raw = self.raw_series(&allocs, m, &filter).await?;
+                        raw = self.raw_series(&m.iter().map(key).collect(), &filter).await?;
                         &raw
                     }
                 };
@@ -469,12 +469,7 @@ impl Recommender {
     /// The SQL that reproduces an item's held / known / idle figures and its p95s (the
     /// window's sketch is the merge of its hours', bucket for bucket).
     fn evidence_sql(&self, pairs: &[(String, String, String)], from_us: i64, to_us: i64) -> String {
-        let which: Vec<String> = pairs
-            .iter()
-            .map(|(g, k, o)| {
-                format!("(gpu_uuid = {} AND owner_kind = {} AND owner = {})", sql_str(g), sql_str(k), sql_str(o))
-            })
-            .collect();
+        let which = pairs_sql(pairs);
         format!(
             "SELECT gpu_uuid, owner, sum(window_s) AS held_s, \
              sum(CASE WHEN {} THEN window_s ELSE 0 END) AS known_s, \
@@ -486,7 +481,7 @@ impl Recommender {
             self.ledger.classify_config().idle_sql(),
             ts(from_us),
             ts(to_us),
-            which.join(" OR ")
+            which
         )
     }
 
@@ -513,46 +508,25 @@ impl Recommender {
             tracing::warn!(error = %e, "recommendations: stored minutes unreadable; replaying from raw windows");
             return None;
         }
-        for buckets in out.values_mut() {
-            buckets.sort_by_key(|b| b.start_us);
-        }
+        hours::sort_series(&mut out);
         Some(out)
     }
 
-    /// Per-minute series of `members` read from raw windows over the run's `filter`
-    /// (the whole window), by (GPU, owner).
+    /// Per-minute series of the (GPU, owner) pairs in `wanted` read from raw windows
+    /// over the run's `filter` (the whole window), each in time order.
     async fn raw_series(
         &self,
-        allocs: &[AllocationUse],
-        members: &[(usize, usize)],
+        wanted: &BTreeSet<hours::Key>,
         filter: &str,
     ) -> Result<BTreeMap<hours::Key, Vec<Bucket>>, RecommendError> {
         let idle = self.ledger.classify_config().idle_sql();
-        let which: Vec<String> = members
-            .iter()
-            .map(|(a, g)| {
-                let (a, g) = (&allocs[*a], &allocs[*a].gpus[*g]);
-                format!(
-                    "(gpu_uuid = {} AND owner_kind = {} AND owner = {})",
-                    sql_str(&g.gpu_uuid),
-                    sql_str(&a.owner_kind),
-                    sql_str(&a.owner)
-                )
-            })
-            .collect();
+        let pairs: Vec<hours::Key> = wanted.iter().cloned().collect();
         // The same rows as a piece's minutes, over the window.
-        let range = format!("{filter} AND ({})", which.join(" OR "));
-        let sql = hours::minutes_sql(&range, "", &idle);
-        let batches = self.query(&sql).await?;
-        let wanted: BTreeSet<hours::Key> = members
-            .iter()
-            .map(|&(a, g)| (allocs[a].gpus[g].gpu_uuid.clone(), allocs[a].owner_kind.clone(), allocs[a].owner.clone()))
-            .collect();
+        let range = format!("{filter} AND ({})", pairs_sql(&pairs));
+        let batches = self.query(&hours::minutes_sql(&range, "", &idle)).await?;
         let mut out = BTreeMap::new();
-        hours::fold_minutes(batches.into_iter().map(Ok), &wanted, &mut out)?;
-        for buckets in out.values_mut() {
-            buckets.sort_by_key(|b| b.start_us);
-        }
+        hours::fold_minutes(batches.into_iter().map(Ok), wanted, &mut out)?;
+        hours::sort_series(&mut out);
         Ok(out)
     }
 
@@ -589,6 +563,18 @@ impl Recommender {
             }
         }
     }
+}
+
+/// `(gpu_uuid = … AND owner_kind = … AND owner = …) OR …` for `pairs`: the rows of
+/// those (GPU, owner) pairs.
+fn pairs_sql(pairs: &[hours::Key]) -> String {
+    let which: Vec<String> = pairs
+        .iter()
+        .map(|(g, k, o)| {
+            format!("(gpu_uuid = {} AND owner_kind = {} AND owner = {})", sql_str(g), sql_str(k), sql_str(o))
+        })
+        .collect();
+    which.join(" OR ")
 }
 
 /// Monthly savings summed by savings kind.
