@@ -146,10 +146,20 @@ const RATE_MAX_AGENTS: usize = 100_000;
 impl IngestState {
     /// Registers the ingest and storage metrics in `registry` (which may already hold
     /// other families of the server) and keeps it for the server's `GET /metrics`.
-    pub fn new(store: Arc<Store>, options: IngestOptions, mut registry: Registry) -> Result<IngestState, SetupError> {
+    pub fn new(store: Arc<Store>, options: IngestOptions, registry: Registry) -> Result<IngestState, SetupError> {
         if options.tokens.is_empty() {
             return Err(SetupError::NoTokens);
         }
+        IngestState::build(store, options, registry)
+    }
+
+    /// A state that accepts no ingest (every token refused): for a server that only
+    /// answers queries (the query role of a cluster), which still serves `/metrics`.
+    pub fn without_ingest(store: Arc<Store>, registry: Registry) -> Result<IngestState, SetupError> {
+        IngestState::build(store, IngestOptions { tokens: Vec::new(), ..IngestOptions::default() }, registry)
+    }
+
+    fn build(store: Arc<Store>, options: IngestOptions, mut registry: Registry) -> Result<IngestState, SetupError> {
         if let Some(index) = options.tokens.iter().position(|t| !visible_ascii(t)) {
             return Err(SetupError::BadToken { index });
         }

@@ -25,6 +25,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use apron_common::ShardName;
 use apron_common::wire::Table;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
@@ -53,6 +54,12 @@ pub struct ObjectStoreConfig {
     /// smallest part); an upload holds one part in memory, whatever the file's size.
     #[serde(default = "default_part_bytes")]
     pub part_bytes: usize,
+    /// The shard this store publishes under (`[cluster] shard`, set by the server, not
+    /// a key of this table): files go to `<table>/date=D/shard=S/<name>` and only the
+    /// shard's own files are listed, compacted and deleted. `None`: the unsharded layout
+    /// `<table>/date=D/<name>`, which never lists a shard's files either.
+    #[serde(skip)]
+    pub shard: Option<ShardName>,
 }
 
 /// S3's smallest part (all but the last).
@@ -72,6 +79,7 @@ impl Default for ObjectStoreConfig {
             secret_access_key: None,
             allow_http: false,
             part_bytes: default_part_bytes(),
+            shard: None,
         }
     }
 }
@@ -94,6 +102,7 @@ pub struct Remote {
     url: String,
     prefix: ObjectPath,
     part_bytes: usize,
+    shard: Option<ShardName>,
     runtime: OwnRuntime,
 }
 
@@ -148,6 +157,7 @@ impl Remote {
             url: format!("s3://{bucket}"),
             prefix,
             part_bytes: config.part_bytes.max(1),
+            shard: config.shard.clone(),
             runtime: OwnRuntime(Some(runtime)),
         })
     }
@@ -169,12 +179,110 @@ impl Remote {
         })
     }
 
+    /// The object key of a path relative to the data directory: the same components
+    /// under the prefix, with `shard=S` after the `date=` partition of a table file
+    /// (`<table>/date=D/<name>`) when the store has a shard.
     fn key(&self, relative: &Path) -> ObjectPath {
-        let mut key = self.prefix.clone();
-        for part in relative.iter() {
-            key = key.join(part.to_string_lossy().as_ref());
+        object_key(&self.prefix, self.shard.as_ref(), relative)
+    }
+
+    /// The key of `relative` (`/`-separated) under the prefix, as is.
+    fn plain_key(&self, relative: &str) -> ObjectPath {
+        relative.split('/').filter(|p| !p.is_empty()).fold(self.prefix.clone(), |k, p| k.join(p))
+    }
+
+    /// The URL of the bucket (`s3://bucket`) and the store, for readers.
+    pub fn store(&self) -> (String, Arc<dyn ObjectStore>) {
+        (self.url.clone(), self.store.clone())
+    }
+
+    /// PUTs a small object (a shard's status) at `relative` under the prefix.
+    pub fn put_small(&self, relative: &str, bytes: Vec<u8>) -> Result<(), StorageError> {
+        let key = self.plain_key(relative);
+        let store = self.store.clone();
+        Ok(self.wait(async move { store.put(&key, PutPayload::from(bytes)).await.map(|_| ()) })?)
+    }
+
+    /// The objects directly or deeper under `relative` with their bytes, for small
+    /// objects only (shard statuses): `(key relative to the prefix, bytes)`.
+    pub fn get_all_small(&self, relative: &str) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        let dir = self.plain_key(relative);
+        let prefix_parts = self.prefix.parts().count();
+        let store = self.store.clone();
+        Ok(self.wait(async move {
+            let listed: Vec<object_store::ObjectMeta> = store.list(Some(&dir)).try_collect().await?;
+            let mut out = Vec::new();
+            for m in listed {
+                let bytes = match store.get(&m.location).await {
+                    Ok(r) => r.bytes().await?,
+                    // Replaced between the LIST and the GET.
+                    Err(object_store::Error::NotFound { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                let rel: Vec<String> = m.location.parts().skip(prefix_parts).map(|p| p.as_ref().to_owned()).collect();
+                out.push((rel.join("/"), bytes.to_vec()));
+            }
+            Ok(out)
+        })?)
+    }
+}
+
+/// The object key of `relative` (a path relative to the data directory) under
+/// `prefix`: the same components, with `shard=S` after the `date=` partition of a table
+/// file (`<table>/date=D/<name>`) when there is a shard.
+fn object_key(prefix: &ObjectPath, shard: Option<&ShardName>, relative: &Path) -> ObjectPath {
+    let parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let mut key = prefix.clone();
+    for (i, part) in parts.iter().enumerate() {
+        key = key.join(part.as_str());
+        if i == 1
+            && parts.len() == 3
+            && part.starts_with("date=")
+            && let Some(shard) = shard
+        {
+            key = key.join(format!("{SHARD_PREFIX}{shard}"));
         }
-        key
+    }
+    key
+}
+
+/// `shard=` of the Hive partition that names a file's shard.
+pub const SHARD_PREFIX: &str = "shard=";
+
+/// One published file of the lake ([`Remote::list_lake`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LakeFile {
+    pub table: Table,
+    /// `YYYY-MM-DD` of its `date=` partition.
+    pub date: String,
+    /// Its shard; `None` for the unsharded layout.
+    pub shard: Option<String>,
+    /// The object key (relative to the bucket).
+    pub key: String,
+    pub bytes: u64,
+}
+
+impl LakeFile {
+    /// `…/<table>/date=D[/shard=S]/<name>.parquet`; anything else (hidden files, other
+    /// depths) is not a table file.
+    fn parse(table: Table, meta: object_store::ObjectMeta) -> Option<LakeFile> {
+        let owned: Vec<String> = meta.location.parts().map(|p| p.as_ref().to_owned()).collect();
+        let parts: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let n = parts.len();
+        let name = *parts.last()?;
+        if name.starts_with('.') || !name.ends_with(".parquet") {
+            return None;
+        }
+        let (date_part, shard) = match parts.get(n.checked_sub(2)?)?.strip_prefix(SHARD_PREFIX) {
+            Some(s) => (*parts.get(n.checked_sub(3)?)?, Some(s.to_owned())),
+            None => (parts[n - 2], None),
+        };
+        let date = date_part.strip_prefix("date=")?;
+        let table_at = if shard.is_some() { n.checked_sub(4)? } else { n.checked_sub(3)? };
+        if parts.get(table_at) != Some(&table.name()) {
+            return None;
+        }
+        Some(LakeFile { table, date: date.to_owned(), shard, key: meta.location.as_ref().to_owned(), bytes: meta.size })
     }
 }
 
@@ -241,6 +349,14 @@ impl Storage {
         match self {
             Storage::Local { .. } => None,
             Storage::Remote { remote, .. } => Some((remote.url.clone(), remote.store.clone())),
+        }
+    }
+
+    /// The bucket, when files live in one (the lake's reads and the shard status).
+    pub fn remote(&self) -> Option<&Remote> {
+        match self {
+            Storage::Local { .. } => None,
+            Storage::Remote { remote, .. } => Some(remote),
         }
     }
 
@@ -319,23 +435,19 @@ impl Storage {
             .map_err(|e| io_error("list", Path::new(table.name()), e))?;
         let mut out = Vec::new();
         for meta in listed {
-            let parts: Vec<String> = meta.location.parts().map(|p| p.as_ref().to_owned()).collect();
-            let [.., partition, name] = parts.as_slice() else { continue };
-            let Some(date) = partition.strip_prefix("date=") else { continue };
-            if name.starts_with('.') || !name.ends_with(".parquet") {
+            // Only this store's own layout: its shard's files, or (unsharded) the files
+            // of no shard.
+            let Some(f) = LakeFile::parse(table, meta) else { continue };
+            if f.shard.as_deref() != remote.shard.as_ref().map(ShardName::as_str) {
                 continue;
             }
-            let local_dir = crate::persist::table_dir(data_dir, table).join(partition);
+            let name = f.key.rsplit('/').next().unwrap_or_default();
+            let local_dir = crate::persist::table_dir(data_dir, table).join(format!("date={}", f.date));
             let superseded = crate::compact::read_journal(&local_dir)?.map(|j| j.inputs).unwrap_or_default();
             if superseded.iter().any(|s| s == name) {
                 continue;
             }
-            out.push(PersistedFile {
-                table,
-                date: date.to_owned(),
-                path: PathBuf::from(meta.location.as_ref()),
-                bytes: meta.size,
-            });
+            out.push(PersistedFile { table, date: f.date, path: PathBuf::from(&f.key), bytes: f.bytes });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
@@ -413,5 +525,52 @@ impl Storage {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(key: &str) -> object_store::ObjectMeta {
+        object_store::ObjectMeta {
+            location: ObjectPath::from(key),
+            last_modified: Default::default(),
+            size: 7,
+            e_tag: None,
+            version: None,
+        }
+    }
+
+    #[test]
+    fn a_shard_is_a_hive_partition_after_the_date() {
+        let prefix = ObjectPath::from("lake/cluster-a");
+        let shard = ShardName::new("rack-a").expect("shard");
+        let file = Path::new("gpu_samples/date=2026-12-01/0193.parquet");
+        assert_eq!(
+            object_key(&prefix, Some(&shard), file).as_ref(),
+            "lake/cluster-a/gpu_samples/date=2026-12-01/shard=rack-a/0193.parquet"
+        );
+        assert_eq!(object_key(&prefix, None, file).as_ref(), "lake/cluster-a/gpu_samples/date=2026-12-01/0193.parquet");
+        // Table prefixes (listing) and other paths are not table files: no shard.
+        assert_eq!(object_key(&prefix, Some(&shard), Path::new("gpu_samples")).as_ref(), "lake/cluster-a/gpu_samples");
+    }
+
+    #[test]
+    fn lake_listing_reads_both_layouts_and_nothing_else() {
+        let t = Table::GpuSamples;
+        let f = LakeFile::parse(t, meta("p/gpu_samples/date=2026-12-01/shard=rack-b/x.parquet")).expect("sharded");
+        assert_eq!((f.date.as_str(), f.shard.as_deref(), f.bytes), ("2026-12-01", Some("rack-b"), 7));
+        let f = LakeFile::parse(t, meta("gpu_samples/date=2026-12-01/y.parquet")).expect("unsharded");
+        assert_eq!(f.shard, None);
+        for not_a_file in [
+            "gpu_samples/date=2026-12-01/shard=a/.x.parquet.tmp",
+            "gpu_samples/date=2026-12-01/shard=a/x.json",
+            "gpu_processes/date=2026-12-01/shard=a/x.parquet",
+            "gpu_samples/x.parquet",
+            "gpu_samples/date=2026-12-01/deeper/shard=a/x.parquet",
+        ] {
+            assert_eq!(LakeFile::parse(t, meta(not_a_file)), None, "{not_a_file}");
+        }
     }
 }

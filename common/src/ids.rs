@@ -17,6 +17,8 @@ pub enum IdError {
     TooLong { kind: &'static str, value: String, max: usize },
     #[error("{kind} {value:?} contains a control character")]
     Control { kind: &'static str, value: String },
+    #[error("{kind} {value:?}: use {allowed}")]
+    Charset { kind: &'static str, value: String, allowed: &'static str },
 }
 
 fn check(kind: &'static str, value: &str, max: usize) -> Result<(), IdError> {
@@ -104,6 +106,55 @@ string_id!(
     "team name",
     128
 );
+
+/// A collector's shard of a shared lake (`[cluster] shard`): the value of the
+/// `shard=` Hive partition its files are published under. Stricter than the other
+/// names because it is part of every object key: ASCII letters, digits, `-`, `_` and
+/// `.` (not first), at most 63 bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ShardName(String);
+
+impl ShardName {
+    pub const MAX_BYTES: usize = 63;
+
+    pub fn new(value: impl Into<String>) -> Result<ShardName, IdError> {
+        let value = value.into();
+        check("shard name", &value, Self::MAX_BYTES)?;
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if !value.chars().all(ok) || value.starts_with('.') {
+            return Err(IdError::Charset {
+                kind: "shard name",
+                value,
+                allowed: "ASCII letters, digits, '-', '_', '.' (not first)",
+            });
+        }
+        Ok(ShardName(value))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ShardName {
+    type Error = IdError;
+    fn try_from(value: String) -> Result<ShardName, IdError> {
+        ShardName::new(value)
+    }
+}
+
+impl From<ShardName> for String {
+    fn from(value: ShardName) -> String {
+        value.0
+    }
+}
+
+impl fmt::Display for ShardName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// A point in time: microseconds since the Unix epoch, UTC.
 ///
@@ -214,6 +265,18 @@ pub fn parse_date(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_names_are_safe_in_object_keys() {
+        for good in ["rack-a", "eu_west.1", "A9"] {
+            assert_eq!(ShardName::new(good).expect(good).as_str(), good);
+        }
+        for bad in ["", "a/b", "a=b", ".hidden", "rack a", "é", &"x".repeat(64)] {
+            assert!(ShardName::new(bad).is_err(), "{bad:?}");
+        }
+        let parsed: Result<ShardName, _> = serde_json::from_str("\"x/y\"");
+        assert!(parsed.is_err());
+    }
 
     #[test]
     fn dates_round_trip() {

@@ -33,6 +33,7 @@ pub mod wire;
 pub use chain::error_chain;
 pub use field::{Aggregation, Field, FieldKind};
 pub use ids::{
-    ClusterName, GpuUuid, HostName, TeamName, UnixMicros, civil_from_days, date_string, days_from_civil, parse_date,
+    ClusterName, GpuUuid, HostName, ShardName, TeamName, UnixMicros, civil_from_days, date_string, days_from_civil,
+    parse_date,
 };
 pub use window::{FieldStats, GpuHolder, GpuIdentity, GpuWindow, HolderKind, ProcessRow};

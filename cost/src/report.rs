@@ -245,6 +245,10 @@ pub struct WeeklyReport {
     pub fleet: Line,
     pub top_stranded: Vec<StrandedLine>,
     pub prices: Vec<PriceTableRow>,
+    /// Shards of a cluster whose collectors were not current when the report was built
+    /// (their rows are what they last persisted); empty (and left out) otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale_shards: Vec<String>,
 }
 
 /// Everything a report is built from.
@@ -485,6 +489,7 @@ impl WeeklyReport {
             fleet,
             top_stranded,
             prices: input.prices.clone(),
+            stale_shards: Vec::new(),
         })
     }
 
@@ -516,6 +521,9 @@ impl WeeklyReport {
             ("share_unallocated", format!("{:?}", self.share_unallocated).to_lowercase()),
         ] {
             s.write_record([k, v.as_str()]).map_err(err)?;
+        }
+        if !self.stale_shards.is_empty() {
+            s.write_record(["stale_shards", self.stale_shards.join(" ").as_str()]).map_err(err)?;
         }
 
         let mut t = csv::Writer::from_writer(Vec::new());
@@ -630,6 +638,12 @@ impl WeeklyReport {
             self.total_gpu_hours,
             e(&self.generated_at)
         ));
+        if !self.stale_shards.is_empty() {
+            h.push_str(&format!(
+                "<p><b>Stale shards:</b> {} (their collectors were not current: their rows are what they last persisted).</p>\n",
+                e(&self.stale_shards.join(", "))
+            ));
+        }
         h.push_str(&self.svg_chart());
         h.push_str(
             "<h2>Teams</h2>\n<table><tr><th>team</th><th>GPU-h allocated</th><th>active</th><th>stranded</th>\

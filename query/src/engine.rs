@@ -98,6 +98,8 @@ struct Inner {
     pg_parser: PostgresCompatibilityParser,
     /// `pg_catalog`'s fixed tables (types, functions, …), shared by every session.
     pg_tables: Arc<PgCatalogStaticTables>,
+    /// Where the tables' data comes from (asked which shards are stale).
+    source: Arc<dyn TableSource>,
 }
 
 /// The query runtime; shut down without blocking, since the engine may be dropped
@@ -188,6 +190,8 @@ impl QueryEngine {
                     continue;
                 };
                 Arc::new(t)
+            } else if table == apron_collector::Table::GpuCostHourly && source.merges_shards() {
+                Arc::new(crate::lake::MergedCostTable::new(source.clone(), schema).map_err(df_err)?)
             } else {
                 Arc::new(ApronTable::new(table, schema, source.clone()))
             };
@@ -219,6 +223,7 @@ impl QueryEngine {
                 team_sessions: Default::default(),
                 pg_parser: PostgresCompatibilityParser::new(),
                 pg_tables,
+                source,
             }),
             slots,
             internal_slots,
@@ -249,6 +254,13 @@ impl QueryEngine {
 
     pub fn config(&self) -> &QueryConfig {
         &self.inner.config
+    }
+
+    /// The shards of a cluster's lake whose collectors are not current (empty for a
+    /// single store); read off the async threads, since it may ask the bucket.
+    pub async fn stale_shards(&self) -> Vec<String> {
+        let source = self.inner.source.clone();
+        tokio::task::spawn_blocking(move || source.stale_shards()).await.unwrap_or_default()
     }
 
     /// Queries holding a slot now (for a gauge; and for tests, to see a query started).

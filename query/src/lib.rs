@@ -31,6 +31,7 @@
 //! [`provider`] (the table scan), [`prune`] (time bounds of filters), [`readonly`] (what
 //! is refused and how), [`render`] (result formats), [`error`] (errors → HTTP status),
 //! [`config`], [`tables`] (the table list), [`scope`] (team scoping, scope first),
+//! [`lake`] (the whole lake of a sharded cluster, for the query role),
 //! [`guard`] (statement shape limits and capped string functions), [`sketch`] (mergeable
 //! quantile sketches: `ddsketch`, `ddsketch_merge`, `ddsketch_quantile`).
 
@@ -38,6 +39,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod guard;
+pub mod lake;
 pub mod pgcompat;
 pub mod provider;
 pub mod prune;
@@ -53,6 +55,7 @@ pub mod tables;
 pub use config::QueryConfig;
 pub use engine::{Described, QueryEngine, Request};
 pub use error::QueryError;
+pub use lake::{LakeConfig, LakeSource, ShardStatus, ShardView};
 pub use render::{Format, QueryResult, RenderError};
 pub use scope::Scope;
 pub use snapshot::SnapshotTable;

@@ -146,8 +146,20 @@ impl QueryResult {
         Ok(out)
     }
 
+    /// The JSON form ([`QueryResult::write_json`]) with more members after `rows`
+    /// (a query server's `stale_shards`).
+    pub fn render_json_with(&self, members: &[(&str, serde_json::Value)]) -> Result<Vec<u8>, RenderError> {
+        let mut out = Vec::new();
+        self.write_json_with(&mut out, members)?;
+        Ok(out)
+    }
+
     /// `{"columns": [{"name": …, "type": …}], "rows": [[…], …]}`.
     pub fn write_json<W: Write>(&self, w: W) -> Result<(), RenderError> {
+        self.write_json_with(w, &[])
+    }
+
+    fn write_json_with<W: Write>(&self, w: W, members: &[(&str, serde_json::Value)]) -> Result<(), RenderError> {
         let mut w = std::io::BufWriter::new(w);
         w.write_all(b"{\"columns\":[")?;
         for (i, f) in self.schema.fields().iter().enumerate() {
@@ -179,7 +191,14 @@ impl QueryResult {
                 w.write_all(b"]")?;
             }
         }
-        w.write_all(b"]}")?;
+        w.write_all(b"]")?;
+        for (name, value) in members {
+            w.write_all(b",")?;
+            serde_json::to_writer(&mut w, name).map_err(std::io::Error::from)?;
+            w.write_all(b":")?;
+            serde_json::to_writer(&mut w, value).map_err(std::io::Error::from)?;
+        }
+        w.write_all(b"}")?;
         w.flush()?;
         Ok(())
     }

@@ -519,9 +519,10 @@ impl RollupTable {
         let ext = |e: Box<dyn std::error::Error + Send + Sync>| DataFusionError::External(e);
         let raw = self.source.snapshot(RAW).map_err(|e| ext(Box::new(e)))?;
         let stored = self.source.snapshot(NAME).map_err(|e| ext(Box::new(e)))?;
-        let state = match &self.state_path {
-            Some(p) => Some(RollupState::load(p).map_err(|e| ext(Box::new(e)))?),
-            None => None,
+        let state = match (self.source.rollup_state(), &self.state_path) {
+            (Some(s), _) => Some(s.map_err(|e| ext(Box::new(e)))?),
+            (None, Some(p)) => Some(RollupState::load(p).map_err(|e| ext(Box::new(e)))?),
+            (None, None) => None,
         };
         let view = RawView::new(raw.files, &raw.batches);
         let live = view.live_from(&stored_days(&stored.files), state.as_ref());
@@ -555,34 +556,48 @@ impl TableProvider for RollupTable {
         let minutes = Minutes::covering(time_range(filters, "time"));
         let sql = self.plan_sql(minutes)?;
         let plan = self.planner.state().create_logical_plan(&sql).await?;
-        let mut b = LogicalPlanBuilder::from(plan).alias(NAME)?;
-        // The filters name the users' table; here its columns are this alias's.
-        let unqualified: Vec<Expr> = filters
-            .iter()
-            .map(|f| {
-                f.clone()
-                    .transform(|e| match e {
-                        Expr::Column(c) => Ok(Transformed::yes(Expr::Column(Column::new(Some(NAME), c.name)))),
-                        other => Ok(Transformed::no(other)),
-                    })
-                    .map(|t| t.data)
-            })
-            .collect::<Result<_>>()?;
-        if let Some(filter) = conjunction(unqualified) {
-            b = b.filter(filter)?;
-        }
-        let columns: Vec<usize> = match projection {
-            Some(p) => p.clone(),
-            None => (0..self.schema.fields().len()).collect(),
-        };
-        b = b.project(
-            columns.iter().map(|&i| Expr::Column(Column::new(Some(NAME), self.schema.field(i).name().clone()))),
-        )?;
-        if let Some(n) = limit {
-            b = b.limit(0, Some(n))?;
-        }
-        state.create_physical_plan(&b.build()?).await
+        plan_as_table(state, plan, NAME, &self.schema, projection, filters, limit).await
     }
+}
+
+/// The physical plan of `plan` served as table `name` (of `schema`): the scan's
+/// `filters` (which name the users' table) applied to it, then its `projection` and
+/// `limit`. For tables that are SQL over other tables (this one, and a query server's
+/// merged shards, `crate::lake`).
+pub(crate) async fn plan_as_table(
+    state: &dyn Session,
+    plan: datafusion::logical_expr::LogicalPlan,
+    name: &str,
+    schema: &SchemaRef,
+    projection: Option<&Vec<usize>>,
+    filters: &[Expr],
+    limit: Option<usize>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut b = LogicalPlanBuilder::from(plan).alias(name)?;
+    // The filters name the users' table; here its columns are this alias's.
+    let unqualified: Vec<Expr> = filters
+        .iter()
+        .map(|f| {
+            f.clone()
+                .transform(|e| match e {
+                    Expr::Column(c) => Ok(Transformed::yes(Expr::Column(Column::new(Some(name), c.name)))),
+                    other => Ok(Transformed::no(other)),
+                })
+                .map(|t| t.data)
+        })
+        .collect::<Result<_>>()?;
+    if let Some(filter) = conjunction(unqualified) {
+        b = b.filter(filter)?;
+    }
+    let columns: Vec<usize> = match projection {
+        Some(p) => p.clone(),
+        None => (0..schema.fields().len()).collect(),
+    };
+    b = b.project(columns.iter().map(|&i| Expr::Column(Column::new(Some(name), schema.field(i).name().clone()))))?;
+    if let Some(n) = limit {
+        b = b.limit(0, Some(n))?;
+    }
+    state.create_physical_plan(&b.build()?).await
 }
 
 /// The wire form of rollup rows (`Table::GpuSamples1m.schema()`: extremes as Float64,

@@ -44,6 +44,8 @@ pub enum SourceError {
     NotADirectory { path: PathBuf },
     #[error("listing Parquet files: {0}")]
     List(#[from] PersistError),
+    #[error("reading the lake: {0}")]
+    Lake(String),
 }
 
 /// What the query layer reads: per table name, the schema, the memtable batches and the
@@ -61,6 +63,25 @@ pub trait TableSource: Send + Sync + fmt::Debug {
     /// [`DataFile::path`] is then a key; `None` (the default) for local paths.
     fn object_store(&self) -> Option<(String, Arc<dyn ObjectStore>)> {
         None
+    }
+
+    /// The record of what each stored `gpu_samples_1m` day read, when this source keeps
+    /// it itself (the lake: merged from the shards' statuses); `None` (the default) when
+    /// it is the materializer's state file the engine was given.
+    fn rollup_state(&self) -> Option<Result<crate::rollup::RollupState, SourceError>> {
+        None
+    }
+
+    /// True when the files come from several shards whose derived rows must be merged
+    /// ([`crate::lake::MergedCostTable`]).
+    fn merges_shards(&self) -> bool {
+        false
+    }
+
+    /// Shards whose collectors are not current (a cluster's lake); may block on the
+    /// network. None for a single store.
+    fn stale_shards(&self) -> Vec<String> {
+        Vec::new()
     }
 }
 

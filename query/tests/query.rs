@@ -641,55 +641,17 @@ fn parquet_files_open_in_duckdb_and_pyarrow() {
     }
 }
 
-/// A real S3-compatible server (`s3s-fs`, installed by `scripts/install-test-tools.sh`
-/// outside the clone) on a free loopback port, serving bucket `apron` from a directory.
+/// s3s-fs (test-support) with its bucket directory in a temporary directory.
 struct S3Server {
-    child: std::process::Child,
+    _server: apron_test_support::S3Server,
     port: u16,
     root: tempfile::TempDir,
 }
 
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn s3s_fs() -> Option<std::path::PathBuf> {
-    let candidates = [
-        std::env::var_os("APRON_S3S_FS").map(std::path::PathBuf::from),
-        std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/apron-tools/bin/s3s-fs")),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
 fn start_s3() -> Option<S3Server> {
-    let Some(bin) = s3s_fs() else {
-        assert!(
-            std::env::var_os("APRON_REQUIRE_TOOLS").is_none(),
-            "s3s-fs not found (scripts/install-test-tools.sh installs it); CI requires it"
-        );
-        eprintln!("NOTE: object-store test not run: s3s-fs is not installed");
-        return None;
-    };
     let root = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(root.path().join("apron")).expect("bucket");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    let child = std::process::Command::new(bin)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "AK", "--secret-key", "SK"])
-        .arg(root.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start s3s-fs");
-    let server = S3Server { child, port, root };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "s3s-fs did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some(server)
+    let server = apron_test_support::S3Server::start(root.path())?;
+    Some(S3Server { port: server.port, _server: server, root })
 }
 
 /// The Parquet objects under the bucket's directory, relative to it.

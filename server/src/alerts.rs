@@ -520,12 +520,7 @@ impl Alerts {
 
     /// Refreshes the table and /metrics from the episodes.
     fn publish(&self) {
-        let alerts = self.list();
-        match alerts_batch(&alerts) {
-            Ok(b) => self.table.replace(vec![b]),
-            Err(e) => tracing::warn!(error = %e, "alerts table"),
-        }
-        self.metrics.set(alerts.into_iter().filter(|a| a.state == AlertState::Firing).collect());
+        publish_records(&self.list(), &self.table, &self.metrics);
     }
 
     fn save(&self) -> Result<(), FileError> {
@@ -739,6 +734,16 @@ fn webhook_body(a: &AlertRecord) -> serde_json::Value {
         AlertState::Resolved => format!("[RESOLVED] {}: {}{cost}", alertname(&a.kind), a.summary),
     };
     serde_json::json!({ "text": text, "apron": api_alert(a) })
+}
+
+/// Sets the `alerts` table and the alert families of `/metrics` to `alerts` (this
+/// server's episodes, or on a query server every shard's).
+pub(crate) fn publish_records(alerts: &[AlertRecord], table: &SnapshotTable, metrics: &AlertMetrics) {
+    match alerts_batch(alerts) {
+        Ok(b) => table.replace(vec![b]),
+        Err(e) => tracing::warn!(error = %e, "alerts table"),
+    }
+    metrics.set(alerts.iter().filter(|a| a.state == AlertState::Firing).cloned().collect());
 }
 
 /// The `GET /api/v1/alerts` form of an episode.

@@ -124,6 +124,9 @@ pub struct FileConfig {
     /// Bearer tokens with roles (`[[tokens]]`, `crate::access`).
     #[serde(default)]
     pub tokens: Vec<TokenEntry>,
+    /// Sharded collectors and query servers over one lake (`crate::cluster`).
+    #[serde(default)]
+    pub cluster: crate::cluster::ClusterSection,
 }
 
 /// `[[tokens]]`: one bearer token (inline or, better, in a file) and its role.
@@ -275,6 +278,8 @@ pub struct ServeConfig {
     /// `None`: not listening.
     pub pg: Option<PgListen>,
     pub scrape: Vec<crate::scrape::ScrapeTarget>,
+    /// This server's part in a cluster (`[cluster]`).
+    pub cluster: crate::cluster::Cluster,
 }
 
 const MAX_BODY_MIN: u64 = 1 << 10;
@@ -367,8 +372,14 @@ impl FileConfig {
             .filter(|c| c.role.may_ingest())
             .map(|c| String::from_utf8_lossy(&c.token).into_owned())
             .collect();
-        if tokens.is_empty() {
+        let mut store = self.storage;
+        let cluster = self.cluster.resolve(&mut store)?;
+        let query_server = matches!(cluster, crate::cluster::Cluster::Query { .. });
+        if tokens.is_empty() && !query_server {
             return Err(ConfigError::NoToken);
+        }
+        if query_server && !self.scrape.is_empty() {
+            return Err(invalid("scrape", "[[scrape]]", "none on a query server: scrapes go to a collector"));
         }
         if credentials.iter().any(|c| c.token.len() < 16) {
             tracing::warn!("a token is shorter than 16 characters; use a long random one (openssl rand -hex 32)");
@@ -397,7 +408,6 @@ impl FileConfig {
             Some(n) => return Err(invalid("ingest.max_concurrent", n.to_string(), "between 1 and 4096")),
         };
 
-        let mut store = self.storage;
         if let Some(dir) = o.data_dir {
             store.data_dir = dir;
         }
@@ -434,6 +444,7 @@ impl FileConfig {
             alerts: self.alerts,
             recommend: self.recommend,
             scrape: self.scrape,
+            cluster,
         })
     }
 }

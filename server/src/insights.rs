@@ -11,21 +11,30 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::alerts::{Alerts, api_alert};
+use crate::cluster::FleetAlerts;
 use crate::recommend::Recommender;
+
+/// Where `GET /api/v1/alerts` reads episodes from.
+#[derive(Clone, Default)]
+pub enum AlertSource {
+    /// Alerts are off.
+    #[default]
+    Off,
+    /// This server's evaluator.
+    Local(Arc<Alerts>),
+    /// A query server: every shard's episodes, with the lake to tell stale shards.
+    Fleet(Arc<FleetAlerts>, Arc<apron_query::LakeSource>),
+}
 
 #[derive(Clone)]
 struct InsightState {
-    alerts: Option<Arc<Alerts>>,
+    alerts: AlertSource,
     recommender: Option<Arc<Recommender>>,
     auth: crate::access::Access,
 }
 
 /// The routes, merged into the server's app.
-pub fn router(
-    alerts: Option<Arc<Alerts>>,
-    recommender: Option<Arc<Recommender>>,
-    auth: crate::access::Access,
-) -> axum::Router {
+pub fn router(alerts: AlertSource, recommender: Option<Arc<Recommender>>, auth: crate::access::Access) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/alerts", get(list_alerts))
         .route("/api/v1/recommendations", get(recommendations))
@@ -42,13 +51,13 @@ async fn list_alerts(State(s): State<InsightState>, headers: HeaderMap, Query(q)
         Ok(scope) => scope,
         Err(answer) => return *answer,
     };
-    let Some(alerts) = s.alerts else {
+    if matches!(s.alerts, AlertSource::Off) {
         return json_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "alerts_disabled",
             "alerts are off on this server: they need [cost] enabled and [alerts] enabled",
         );
-    };
+    }
     let want = match q.state.as_deref() {
         None | Some("all") => None,
         Some("firing") => Some(apron_cost::alert::AlertState::Firing),
@@ -61,13 +70,31 @@ async fn list_alerts(State(s): State<InsightState>, headers: HeaderMap, Query(q)
             );
         }
     };
-    let list: Vec<serde_json::Value> = alerts
-        .list()
-        .iter()
-        .filter(|a| want.is_none_or(|w| a.state == w) && crate::access::visible(&scope, &a.team))
-        .map(api_alert)
-        .collect();
-    axum::Json(serde_json::json!({ "alerts": list })).into_response()
+    let keep = |a: &apron_cost::alert::AlertRecord| {
+        want.is_none_or(|w| a.state == w) && crate::access::visible(&scope, &a.team)
+    };
+    let body = match s.alerts {
+        AlertSource::Off => serde_json::json!({ "alerts": [] }),
+        AlertSource::Local(alerts) => {
+            let list: Vec<serde_json::Value> = alerts.list().iter().filter(|a| keep(a)).map(api_alert).collect();
+            serde_json::json!({ "alerts": list })
+        }
+        AlertSource::Fleet(fleet, lake) => {
+            let list: Vec<serde_json::Value> = fleet
+                .list()
+                .iter()
+                .filter(|(_, a)| keep(a))
+                .map(|(shard, a)| {
+                    let mut v = api_alert(a);
+                    v["shard"] = serde_json::Value::from(shard.as_str());
+                    v
+                })
+                .collect();
+            let stale = tokio::task::spawn_blocking(move || lake.stale_shards()).await.unwrap_or_default();
+            serde_json::json!({ "alerts": list, "stale_shards": stale })
+        }
+    };
+    axum::Json(body).into_response()
 }
 
 #[derive(serde::Deserialize)]

@@ -28,6 +28,7 @@
 pub mod access;
 pub mod alerts;
 pub mod backfill;
+pub mod cluster;
 pub mod config;
 mod deliver;
 pub mod derive;
@@ -102,6 +103,10 @@ pub enum ServerError {
     Tls(#[from] apron_http::tls::TlsError),
     #[error(transparent)]
     Scrape(#[from] scrape::ScrapeError),
+    #[error("a query server reads a lake: set [storage.object_store]")]
+    NoLake,
+    #[error("the lake: {0}")]
+    Lake(#[source] apron_collector::StorageError),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
@@ -109,11 +114,22 @@ pub enum ServerError {
 /// apply to the routes present when they are set — so every route answers unknown paths
 /// and methods in the contract's error shape.
 pub fn app(ingest: IngestState, sql: Router) -> Router {
+    app_with(ingest, sql, true)
+}
+
+/// [`app`]; without `accept_ingest` (a query server) the ingest route answers 403 and
+/// points at the collectors.
+fn app_with(ingest: IngestState, sql: Router, accept_ingest: bool) -> Router {
     let health = Router::new()
         .route("/healthz", axum::routing::get(healthz))
         .route("/metrics", axum::routing::get(metrics))
         .with_state(ingest.clone());
-    apron_collector::http::router(ingest)
+    let writes = if accept_ingest {
+        apron_collector::http::router(ingest)
+    } else {
+        Router::new().route(apron_collector::http::INGEST_PATH, axum::routing::post(query_tier_ingest))
+    };
+    writes
         .merge(health)
         .merge(sql)
         .method_not_allowed_fallback(method_not_allowed)
@@ -140,6 +156,14 @@ async fn metrics(
     headers: axum::http::HeaderMap,
 ) -> Response {
     apron_http::metrics::respond(ingest.registry(), &headers)
+}
+
+async fn query_tier_ingest() -> Response {
+    json_error(
+        StatusCode::FORBIDDEN,
+        "query_server",
+        "this server answers queries over the lake ([cluster] role = \"query\") and ingests nothing: ship to your shard's collector",
+    )
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -187,6 +211,15 @@ pub struct Server {
     scrapers: Vec<scrape::Scraper>,
     http: config::HttpOptions,
     tls: Option<Arc<rustls::ServerConfig>>,
+    role: ClusterRole,
+}
+
+/// What the server does in a cluster ([`cluster`]).
+#[derive(Clone)]
+enum ClusterRole {
+    Single,
+    Collector { shard: apron_common::ShardName, heartbeat: Duration },
+    Query { lake: Arc<apron_query::LakeSource>, alerts: Arc<cluster::FleetAlerts> },
 }
 
 impl std::fmt::Debug for Server {
@@ -205,6 +238,44 @@ impl Server {
         query: QueryConfig,
         access: Access,
     ) -> Result<Server, ServerError> {
+        Server::open_as(store, Some(ingest), query, access, None)
+    }
+
+    /// A query server of a cluster ([`cluster`]): SQL, the PostgreSQL port, reports,
+    /// alerts and recommendations over every shard in `store.object_store`'s bucket;
+    /// no ingest, nothing written to the lake. `store.data_dir` keeps what is this
+    /// server's own (closed reports, stored recommendation hours).
+    pub fn open_query(
+        mut store: StoreConfig,
+        query: QueryConfig,
+        access: Access,
+        lake: apron_query::LakeConfig,
+    ) -> Result<Server, ServerError> {
+        let object_store = store.object_store.take().ok_or(ServerError::NoLake)?;
+        let open = || apron_collector::Remote::open(&object_store).map_err(ServerError::Lake);
+        let lake = Arc::new(apron_query::LakeSource::new(open()?, open()?, lake));
+        let mut server = Server::open_as(store, None, query, access, Some(lake.clone()))?;
+        server.role = ClusterRole::Query { lake, alerts: Arc::new(cluster::FleetAlerts::default()) };
+        server.rollup.enabled = false;
+        server.insights = insights::router(server.alert_source(), None, server.access.clone());
+        Ok(server)
+    }
+
+    /// A collector of a cluster: its store publishes under `shard` (set in the
+    /// store's `object_store` config already, [`cluster::ClusterSection::resolve`]), and
+    /// it writes its status to the lake every `heartbeat`.
+    pub fn with_shard(mut self, shard: apron_common::ShardName, heartbeat: Duration) -> Server {
+        self.role = ClusterRole::Collector { shard, heartbeat };
+        self
+    }
+
+    fn open_as(
+        store: StoreConfig,
+        ingest: Option<IngestOptions>,
+        query: QueryConfig,
+        access: Access,
+        lake: Option<Arc<apron_query::LakeSource>>,
+    ) -> Result<Server, ServerError> {
         let store = Arc::new(Store::open(store).map_err(ServerError::Store)?);
         let r = store.open_report();
         if r.replayed_records > 0 || r.renames_completed > 0 || r.temp_files_removed > 0 {
@@ -221,12 +292,20 @@ impl Server {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(cost_metrics.clone()));
         registry.register_collector(Box::new(alert_metrics.clone()));
-        let ingest = IngestState::new(store.clone(), ingest, registry)?;
-        // The rollup's state file tells the engine which stored gpu_samples_1m days are
-        // current (see derive).
-        let state = store.data_dir().join(apron_query::rollup::STATE_FILE);
-        let mut engine =
-            QueryEngine::with_rollup_state(query, store.clone(), Some(state)).map_err(ServerError::Query)?;
+        let ingest = match ingest {
+            Some(options) => IngestState::new(store.clone(), options, registry)?,
+            None => IngestState::without_ingest(store.clone(), registry)?,
+        };
+        let mut engine = match &lake {
+            // The shards' statuses carry the rollup's records.
+            Some(lake) => QueryEngine::new(query, lake.clone()).map_err(ServerError::Query)?,
+            None => {
+                // The rollup's state file tells the engine which stored gpu_samples_1m
+                // days are current (see derive).
+                let state = store.data_dir().join(apron_query::rollup::STATE_FILE);
+                QueryEngine::with_rollup_state(query, store.clone(), Some(state)).map_err(ServerError::Query)?
+            }
+        };
         // The evaluators' tables: empty until alerts / recommendations run.
         let alerts_table = apron_query::SnapshotTable::new(alerts::schema());
         let recommendations_table = apron_query::SnapshotTable::new(recommend::schema());
@@ -261,15 +340,34 @@ impl Server {
             alert_metrics,
             alerts: None,
             recommender: None,
-            insights: insights::router(None, None, access.clone()),
+            insights: insights::router(insights::AlertSource::Off, None, access.clone()),
             pg: None,
             pg_limits: pg::PgLimits::default(),
             scrapers: Vec::new(),
+            role: ClusterRole::Single,
         })
     }
 
+    /// The lake of a query server.
+    fn lake(&self) -> Option<&Arc<apron_query::LakeSource>> {
+        match &self.role {
+            ClusterRole::Query { lake, .. } => Some(lake),
+            _ => None,
+        }
+    }
+
+    fn alert_source(&self) -> insights::AlertSource {
+        match (&self.role, &self.alerts) {
+            (ClusterRole::Query { lake, alerts }, _) => insights::AlertSource::Fleet(alerts.clone(), lake.clone()),
+            (_, Some(a)) => insights::AlertSource::Local(a.clone()),
+            (_, None) => insights::AlertSource::Off,
+        }
+    }
+
     /// The `gpu_samples_1m` materializer's settings (default: on, every minute).
-    pub fn with_rollup(mut self, rollup: derive::RollupConfig) -> Server {
+    pub fn with_rollup(mut self, mut rollup: derive::RollupConfig) -> Server {
+        // A query server writes nothing: each collector materializes its shard.
+        rollup.enabled &= self.lake().is_none();
         self.rollup = rollup;
         self
     }
@@ -290,6 +388,10 @@ impl Server {
     /// Turns alerts on (when `alerts.enabled`; they need the ledger: call after
     /// [`Server::with_cost`]).
     pub fn with_alerts(mut self, config: alerts::AlertsConfig) -> Server {
+        if self.lake().is_some() {
+            // A query server evaluates nothing: it lists the shards' episodes.
+            return self;
+        }
         let changes = (config.enabled && config.incremental).then(|| self.store.subscribe_changes());
         self.alerts = match (&self.ledger, config.enabled) {
             (Some(l), true) => Some(Arc::new(alerts::Alerts::new(
@@ -307,7 +409,7 @@ impl Server {
             }
             _ => None,
         };
-        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.access.clone());
+        self.insights = insights::router(self.alert_source(), self.recommender.clone(), self.access.clone());
         self
     }
 
@@ -326,7 +428,7 @@ impl Server {
             }
             _ => None,
         };
-        self.insights = insights::router(self.alerts.clone(), self.recommender.clone(), self.access.clone());
+        self.insights = insights::router(self.alert_source(), self.recommender.clone(), self.access.clone());
         self
     }
 
@@ -434,10 +536,16 @@ impl Server {
     /// Every HTTP route of this server, as `run` serves them (tests serve it without
     /// the background work).
     pub fn router(&self) -> Router {
-        app(
+        let view = match &self.role {
+            ClusterRole::Single => cluster::ClusterView::Single,
+            ClusterRole::Collector { shard, .. } => cluster::ClusterView::Collector(shard.clone()),
+            ClusterRole::Query { lake, .. } => cluster::ClusterView::Query(lake.clone()),
+        };
+        app_with(
             self.ingest.clone(),
             self.sql
                 .clone()
+                .merge(cluster::router(view, self.access.clone()))
                 .merge(self.reports.clone())
                 .merge(self.insights.clone())
                 .merge(otlp_in::router(otlp_in::OtlpState::new(self.ingest.clone(), self.engine.clone())))
@@ -447,11 +555,16 @@ impl Server {
                     self.access.clone(),
                 )))
                 .merge(ui::router()),
+            self.lake().is_none(),
         )
     }
 
     pub fn ledger(&self) -> Option<&Arc<ledger::Ledger>> {
         self.ledger.as_ref()
+    }
+
+    fn heartbeat(&self, shard: apron_common::ShardName, interval: Duration) -> cluster::Heartbeat {
+        cluster::Heartbeat { store: self.store.clone(), shard, interval, alerts: self.alerts.clone() }
     }
 
     /// The materializer over this server's store and engine (run by [`Server::run`]
@@ -495,7 +608,8 @@ impl Server {
             tracing::info!(interval = ?self.rollup.interval, "gpu_samples_1m materializer started");
             AbortOnDrop(tokio::spawn(Arc::new(self.materializer()).run(self.rollup.interval)))
         });
-        let ledger = self.ledger.clone().map(|l| {
+        let query_server = self.lake().is_some();
+        let ledger = self.ledger.clone().filter(|_| !query_server).map(|l| {
             tracing::info!("cost ledger started");
             AbortOnDrop(tokio::spawn(l.run(self.cost_metrics.clone())))
         });
@@ -515,6 +629,22 @@ impl Server {
         });
         let scrapers: Vec<AbortOnDrop> =
             std::mem::take(&mut self.scrapers).into_iter().map(|s| AbortOnDrop(tokio::spawn(s.run()))).collect();
+        let cluster_task = match &self.role {
+            ClusterRole::Single => None,
+            ClusterRole::Collector { shard, heartbeat } => {
+                tracing::info!(%shard, ?heartbeat, "collector of shard {shard}: status to the lake every {heartbeat:?}");
+                Some(AbortOnDrop(tokio::spawn(Arc::new(self.heartbeat(shard.clone(), *heartbeat)).run())))
+            }
+            ClusterRole::Query { lake, alerts } => {
+                tracing::info!(config = ?lake.config(), "query server over every shard of the lake");
+                Some(AbortOnDrop(tokio::spawn(alerts.clone().run(
+                    lake.clone(),
+                    self.alerts_table.clone(),
+                    self.alert_metrics.clone(),
+                    lake.config().refresh,
+                ))))
+            }
+        };
         let schedule = self.schedule.clone().map(|s| {
             tracing::info!(deliveries = ?s.config().deliveries(), "weekly report schedule started");
             AbortOnDrop(tokio::spawn(s.run()))
@@ -559,12 +689,22 @@ impl Server {
         drop(recommender);
         drop(pg);
         drop(scrapers);
+        drop(cluster_task);
         let store = self.store.clone();
         let persisted = tokio::task::spawn_blocking(move || store.persist_now())
             .await
             .map_err(ServerError::Task)?
             .map_err(ServerError::Persist)?;
         tracing::info!(rows = persisted.rows, files = persisted.files.len(), "persisted the memtable to Parquet");
+        if let ClusterRole::Collector { shard, heartbeat } = &self.role {
+            // The last status says the memtable is empty and what the rollup read.
+            let beat = self.heartbeat(shard.clone(), *heartbeat);
+            match tokio::task::spawn_blocking(move || beat.publish_once()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "the last shard status"),
+                Err(e) => tracing::warn!(error = %e, "the last shard status"),
+            }
+        }
         served
     }
 }

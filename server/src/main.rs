@@ -274,9 +274,16 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
                 let auth = Access::Tokens(config.credentials.into());
                 let http = config.http;
-                let server = tokio::task::spawn_blocking(move || Server::open(store, ingest, query, auth))
-                    .await??
-                    .with_rollup(rollup)
+                let cluster = config.cluster;
+                let server = tokio::task::spawn_blocking(move || match cluster {
+                    apron::cluster::Cluster::Single => Server::open(store, ingest, query, auth),
+                    apron::cluster::Cluster::Collector { shard, heartbeat } => {
+                        Ok(Server::open(store, ingest, query, auth)?.with_shard(shard, heartbeat))
+                    }
+                    apron::cluster::Cluster::Query { lake } => Server::open_query(store, query, auth, lake),
+                })
+                .await??
+                .with_rollup(rollup)
                     .with_cost(cost)?
                     .with_report(report)
                     .with_alerts(alerts)
@@ -455,6 +462,10 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
     let mut resp =
         req.send(query).with_context(|| format!("cannot reach {url}: is `apron up` or `apron serve` running?"))?;
     let status = resp.status();
+    // A query server of a cluster names the shards whose collectors are not current.
+    if let Some(stale) = resp.headers().get(apron::sql::STALE_SHARDS_HEADER).and_then(|v| v.to_str().ok()) {
+        eprintln!("note: stale shards (answered from what they last persisted): {stale}");
+    }
     let body = resp.body_mut().read_to_vec().context("reading the answer")?;
     if !status.is_success() {
         return Err(server_error(status, &body));

@@ -319,6 +319,7 @@ impl SimpleQueryHandler for Queries {
             self.shared.limits.stats.oversized.fetch_add(1, Ordering::Relaxed);
             return Err(too_long(dropped.max(query.query.len()), max));
         }
+        self.shared.notice_stale_shards(client).await?;
         self._on_query(client, query).await
     }
 
@@ -357,6 +358,27 @@ fn encode(result: apron_query::QueryResult, format: &Format) -> PgWireResult<Que
 }
 
 impl Shared {
+    /// On a query server of a cluster, a NOTICE naming the shards whose collectors are
+    /// not current (psql prints it above the rows; drivers hand it to their notice
+    /// handler). Nothing otherwise.
+    async fn notice_stale_shards<C>(&self, client: &mut C) -> PgWireResult<()>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let stale = self.engine.stale_shards().await;
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let info = ErrorInfo::new(
+            "NOTICE".to_owned(),
+            "01000".to_owned(),
+            format!("stale shards (answered from what they last persisted): {}", stale.join(", ")),
+        );
+        client.send(PgWireBackendMessage::NoticeResponse(info.into())).await?;
+        Ok(())
+    }
+
     /// The rows the connection's user (authenticated by the startup handler) may read.
     fn scope_of<C: ClientInfo>(&self, client: &C) -> PgWireResult<Scope> {
         let user = client.metadata().get(pgwire::api::METADATA_USER).cloned();

@@ -498,20 +498,20 @@ async fn weekly(
             );
         }
     }
+    // On a query server of a cluster: the shards whose collectors are not current.
+    let stale = state.engine.stale_shards().await;
+    let built = || async {
+        let mut report = build(&state.engine, book, week, state.share, now, &scope).await?;
+        report.stale_shards = stale.clone();
+        render(&report, format)
+    };
     let produced = match (&scope, stored) {
         (Scope::All, Some(files)) => Ok(files),
         // A request reads; it never stores a week (the schedule's delivery does, and
         // `apron report`), so a week viewed early still shows data that arrives later.
-        (Scope::All, None) => match build(&state.engine, book, week, state.share, now, &scope).await {
-            Ok(report) => render(&report, format),
-            Err(e) => Err(e),
-        },
-        // A team's report is built from its rows each time and never stored: the stored
-        // report of a finished week is the fleet's.
-        (Scope::Team(_), _) => match build(&state.engine, book, week, state.share, now, &scope).await {
-            Ok(report) => render(&report, format),
-            Err(e) => Err(e),
-        },
+        // A team's report is built from its rows each time and never stored: the
+        // stored report of a finished week is the fleet's.
+        (Scope::All, None) | (Scope::Team(_), _) => built().await,
     };
     let files = match produced {
         Ok(files) => files,

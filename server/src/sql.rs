@@ -35,10 +35,16 @@ struct SqlState {
     max_sql_bytes: usize,
 }
 
-/// The SQL routes, merged into the server's app.
+/// The SQL routes, merged into the server's app. On a query server of a cluster, every
+/// answer names the shards whose collectors have not written their status for
+/// `[cluster] stale_after`: a JSON answer in a `stale_shards` member, every format in
+/// the `Apron-Stale-Shards` header (only when there are any).
 pub fn router(engine: Arc<QueryEngine>, access: Access, max_sql_bytes: usize) -> Router {
     Router::new().route("/api/v1/sql", post(sql)).with_state(SqlState { engine, access, max_sql_bytes })
 }
+
+/// The header that names stale shards on a query server's answers.
+pub const STALE_SHARDS_HEADER: &str = "apron-stale-shards";
 
 /// The answer to a body over `sql.max_body_bytes` (HTTP and, in spirit, the pg port).
 fn too_large() -> Response {
@@ -142,12 +148,29 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
     if text.trim().is_empty() {
         return json_error(StatusCode::BAD_REQUEST, "empty_query", "the body is empty: send the SQL text");
     }
+    // Read before the query: what it says holds for the data the query then reads.
+    let stale = state.engine.stale_shards().await;
     match state.engine.execute_as(text, &scope).await {
         Ok(result) => {
             // Rendering a large Parquet result is CPU work: keep it off the I/O threads.
-            let rendered = tokio::task::spawn_blocking(move || result.render(format)).await;
+            let trailer = stale.clone();
+            let rendered = tokio::task::spawn_blocking(move || match format {
+                Format::Json if !trailer.is_empty() => {
+                    result.render_json_with(&[("stale_shards", serde_json::json!(trailer))])
+                }
+                _ => result.render(format),
+            })
+            .await;
             match rendered {
-                Ok(Ok(bytes)) => ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response(),
+                Ok(Ok(bytes)) => {
+                    let mut r = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
+                    if !stale.is_empty()
+                        && let Ok(v) = HeaderValue::from_str(&stale.join(","))
+                    {
+                        r.headers_mut().insert(STALE_SHARDS_HEADER, v);
+                    }
+                    r
+                }
                 Ok(Err(e)) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "render_failed", &e.to_string()),
                 Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "render_failed", &e.to_string()),
             }

@@ -13,6 +13,8 @@
 mod access;
 #[path = "server/adversarial.rs"]
 mod adversarial;
+#[path = "server/cluster.rs"]
+mod cluster;
 #[path = "server/cost.rs"]
 mod cost;
 #[path = "server/fuzz_regressions.rs"]

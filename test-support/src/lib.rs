@@ -61,6 +61,58 @@ pub fn spawn_listening(command: &mut Command, what: &str, log: &Path) -> (Child,
     (child, addr, stdout)
 }
 
+/// A real S3-compatible server (`s3s-fs`, installed by `scripts/install-test-tools.sh`
+/// outside the clone, or `APRON_S3S_FS`) on a free loopback port, serving bucket
+/// `apron` (a directory it creates under `root`) with access key `AK` / secret `SK`.
+/// Killed when dropped.
+#[derive(Debug)]
+pub struct S3Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl S3Server {
+    /// `None` (with a note) when s3s-fs is not installed and `APRON_REQUIRE_TOOLS` is
+    /// unset; CI sets it, so there a missing s3s-fs fails the test.
+    pub fn start(root: &Path) -> Option<S3Server> {
+        let candidates = [
+            std::env::var_os("APRON_S3S_FS").map(PathBuf::from),
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/apron-tools/bin/s3s-fs")),
+        ];
+        let Some(bin) = candidates.into_iter().flatten().find(|p| p.is_file()) else {
+            assert!(
+                std::env::var_os("APRON_REQUIRE_TOOLS").is_none(),
+                "s3s-fs not found (scripts/install-test-tools.sh installs it); CI requires it"
+            );
+            eprintln!("NOTE: object-store test not run: s3s-fs is not installed");
+            return None;
+        };
+        std::fs::create_dir_all(root.join("apron")).expect("bucket directory");
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "AK", "--secret-key", "SK"])
+            .arg(root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start s3s-fs");
+        let server = S3Server { child, port };
+        poll("s3s-fs to listen", Duration::from_secs(20), || TcpStream::connect(("127.0.0.1", port)).ok());
+        Some(server)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A fuzz target's kept inputs, for replay in a normal `cargo test` (no nightly, no
 /// fuzz crate): every file of `fuzz/regressions/<target>/` (crash inputs, kept after the
 /// fix), then of `fuzz/seeds/<target>/`, each sorted by name. Panics when there are no

@@ -386,6 +386,11 @@ impl Store {
         TableView { schema: storage_schema(table), batches, files }
     }
 
+    /// The published files of `table` now (what a query planned now would read).
+    pub fn files(&self, table: Table) -> Vec<PersistedFile> {
+        lock(&self.inner.state).files.get(&table).cloned().unwrap_or_default()
+    }
+
     /// Counts for the rows of `table` in memory (active and being persisted).
     pub fn memtable_stats(&self, table: Table) -> TableStats {
         let st = lock(&self.inner.state);
@@ -411,6 +416,11 @@ impl Store {
     /// store and its URL (`s3://bucket`), in which each [`PersistedFile::path`] is a key.
     pub fn object_store(&self) -> Option<(String, Arc<dyn object_store::ObjectStore>)> {
         self.inner.storage.object_store()
+    }
+
+    /// The bucket, when the store publishes to one (`[storage.object_store]`).
+    pub fn lake(&self) -> Option<&crate::storage::Remote> {
+        self.inner.storage.remote()
     }
 }
 

@@ -274,7 +274,8 @@ async fn every_alert_kind_fires_with_hand_computed_figures_and_resolves() {
     // The same alerts over HTTP, in SQL and on /metrics.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let api = listener.local_addr().expect("addr");
-    let router = apron::insights::router(Some(evaluator.clone()), None, apron::Access::Loopback);
+    let router =
+        apron::insights::router(apron::insights::AlertSource::Local(evaluator.clone()), None, apron::Access::Loopback);
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     let j = http_get(api, "/api/v1/alerts?state=firing").await;
     let stranded = j["alerts"]
