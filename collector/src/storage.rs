@@ -203,6 +203,20 @@ impl Remote {
         Ok(self.wait(async move { store.put(&key, PutPayload::from(bytes)).await.map(|_| ()) })?)
     }
 
+    /// The bytes of the small object at `relative` under the prefix; `None` when there
+    /// is none.
+    pub fn get_small(&self, relative: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let key = self.plain_key(relative);
+        let store = self.store.clone();
+        Ok(self.wait(async move {
+            match store.get(&key).await {
+                Ok(r) => Ok(Some(r.bytes().await?.to_vec())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?)
+    }
+
     /// The objects directly or deeper under `relative` with their bytes, for small
     /// objects only (shard statuses): `(key relative to the prefix, bytes)`.
     pub fn get_all_small(&self, relative: &str) -> Result<Vec<(String, Vec<u8>)>, StorageError> {

@@ -190,6 +190,9 @@ impl QueryError {
         if vanished_file(&e) {
             return QueryError::Source { detail: VANISHED.to_owned() };
         }
+        if object_store_failed(&e) {
+            return QueryError::Source { detail: text };
+        }
         // A value the user's expression could not handle, however deeply an operator or
         // the Parquet decoder (which evaluates pushed-down predicates) wrapped it.
         if let Some(a) = arrow_data_error(&e) {
@@ -209,7 +212,8 @@ impl QueryError {
 
 impl From<SourceError> for QueryError {
     fn from(e: SourceError) -> Self {
-        QueryError::Source { detail: e.to_string() }
+        // A lake's errors name the bucket's URL.
+        QueryError::Source { detail: redact_paths(&e.to_string()) }
     }
 }
 
@@ -235,8 +239,7 @@ impl QueryError {
 /// True when `e` is, somewhere in its chain, "not found" from the object store or the
 /// file system.
 fn vanished_file(e: &DataFusionError) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(cur) = next {
+    any_in_chain(e, |cur| {
         if let Some(DataFusionError::ObjectStore(o)) = cur.downcast_ref::<DataFusionError>()
             && matches!(o.as_ref(), datafusion::object_store::Error::NotFound { .. })
         {
@@ -251,14 +254,33 @@ fn vanished_file(e: &DataFusionError) -> bool {
         if cur.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) {
             return true;
         }
-        if let Some(DataFusionError::IoError(io)) = cur.downcast_ref::<DataFusionError>()
-            && io.kind() == std::io::ErrorKind::NotFound
-        {
+        matches!(cur.downcast_ref::<DataFusionError>(), Some(DataFusionError::IoError(io)) if io.kind() == std::io::ErrorKind::NotFound)
+    })
+}
+
+/// True when the object store failed under the query (unreachable, refused, timed
+/// out): the data could not be read, which a retry may fix.
+fn object_store_failed(e: &DataFusionError) -> bool {
+    any_in_chain(e, |cur| {
+        matches!(cur.downcast_ref::<DataFusionError>(), Some(DataFusionError::ObjectStore(_)))
+            || cur.downcast_ref::<datafusion::object_store::Error>().is_some()
+    })
+}
+
+/// True when `pred` holds for `e` or anything in its source chain (through Arrow's
+/// and the Parquet decoder's `External` wrappers).
+fn any_in_chain(e: &DataFusionError, pred: impl Fn(&(dyn std::error::Error + 'static)) -> bool) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cur) = next {
+        if pred(cur) {
             return true;
         }
         next = match cur.downcast_ref::<ArrowError>() {
             Some(ArrowError::ExternalError(inner)) => Some(inner.as_ref()),
-            _ => cur.source(),
+            _ => match cur.downcast_ref::<datafusion::parquet::errors::ParquetError>() {
+                Some(datafusion::parquet::errors::ParquetError::External(inner)) => Some(inner.as_ref()),
+                _ => cur.source(),
+            },
         };
     }
     false

@@ -54,6 +54,10 @@ pub fn status_key(shard: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShardStatus {
     pub shard: String,
+    /// The collector's identity (kept in its data directory): two collectors claiming
+    /// one shard are told apart by it.
+    #[serde(default)]
+    pub instance: String,
     /// The collector's clock when it wrote this (µs).
     pub updated_us: i64,
     /// Rows acknowledged but not yet in the lake when it wrote this (they are in its WAL).

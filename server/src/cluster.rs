@@ -142,6 +142,18 @@ pub struct Heartbeat {
     pub shard: ShardName,
     pub interval: Duration,
     pub alerts: Option<Arc<crate::alerts::Alerts>>,
+    /// This collector's identity ([`Heartbeat::claim`]).
+    pub instance: String,
+}
+
+/// `<data_dir>/shard.json`: which shard a collector's data directory belongs to, and
+/// the collector's identity in its statuses.
+const CLAIM_FILE: &str = "shard.json";
+
+#[derive(Debug, serde::Serialize, Deserialize)]
+struct Claim {
+    shard: String,
+    instance: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -154,9 +166,51 @@ pub enum ClusterError {
     Rollup(#[from] apron_query::rollup::StateError),
     #[error("the status task: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error(
+        "this data directory holds shard {held:?}, not {configured:?}: its WAL and files belong to that shard (use another data_dir for another shard)"
+    )]
+    OtherShard { held: String, configured: String },
+    #[error(
+        "shard {shard:?} is served by another collector (its status was written {ago_s} s ago): give each collector its own [cluster] shard"
+    )]
+    Taken { shard: String, ago_s: i64 },
+    #[error("{path}: {detail}")]
+    ClaimFile { path: String, detail: String },
 }
 
 impl Heartbeat {
+    /// Before a collector serves: its data directory must be new or hold this shard
+    /// (`shard.json`, written on first use with a new identity), and no other collector
+    /// may have written this shard's status within three heartbeats. Returns the
+    /// identity. A restart of the same collector (same directory) passes at once.
+    pub fn claim(store: &Store, shard: &ShardName, heartbeat: Duration) -> Result<String, ClusterError> {
+        let path = store.data_dir().join(CLAIM_FILE);
+        let bad = |detail: String| ClusterError::ClaimFile { path: path.display().to_string(), detail };
+        let claim = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<Claim>(&bytes).map_err(|e| bad(e.to_string()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let c = Claim { shard: shard.to_string(), instance: uuid::Uuid::now_v7().to_string() };
+                crate::statefile::save_json(&path, &c).map_err(|e| bad(e.to_string()))?;
+                c
+            }
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        if claim.shard != shard.as_str() {
+            return Err(ClusterError::OtherShard { held: claim.shard, configured: shard.to_string() });
+        }
+        let lake = store.lake().ok_or(ClusterError::NoLake)?;
+        if let Some(bytes) = lake.get_small(&status_key(shard.as_str()))?
+            && let Ok(other) = serde_json::from_slice::<ShardStatus>(&bytes)
+        {
+            let ago_us = UnixMicros::now().0.saturating_sub(other.updated_us);
+            let window = i64::try_from(heartbeat.as_micros()).unwrap_or(i64::MAX).saturating_mul(3);
+            if other.instance != claim.instance && ago_us < window {
+                return Err(ClusterError::Taken { shard: shard.to_string(), ago_s: ago_us / 1_000_000 });
+            }
+        }
+        Ok(claim.instance)
+    }
+
     /// The status now.
     pub fn status(&self) -> Result<ShardStatus, ClusterError> {
         let path = self.store.data_dir().join(STATE_FILE);
@@ -182,6 +236,7 @@ impl Heartbeat {
             .collect();
         Ok(ShardStatus {
             shard: self.shard.to_string(),
+            instance: self.instance.clone(),
             updated_us: UnixMicros::now().0,
             memtable_rows,
             files,
@@ -323,7 +378,8 @@ async fn cluster_route(
             Ok(Err(e)) => apron_collector::http::json_error(
                 axum::http::StatusCode::BAD_GATEWAY,
                 "lake_unavailable",
-                &format!("cannot read the shards' statuses: {e}"),
+                // Never the bucket's URL (docs/security.md).
+                &apron_query::error::redact_paths(&format!("cannot read the shards' statuses: {e}")),
             ),
             Err(e) => apron_collector::http::json_error(
                 axum::http::StatusCode::INTERNAL_SERVER_ERROR,

@@ -107,6 +107,8 @@ pub enum ServerError {
     NoLake,
     #[error("the lake: {0}")]
     Lake(#[source] apron_collector::StorageError),
+    #[error("[cluster]: {0}")]
+    Cluster(#[from] cluster::ClusterError),
 }
 
 /// Every HTTP route of the server. Routers of later parts (SQL, reports, the UI) are
@@ -218,7 +220,7 @@ pub struct Server {
 #[derive(Clone)]
 enum ClusterRole {
     Single,
-    Collector { shard: apron_common::ShardName, heartbeat: Duration },
+    Collector { shard: apron_common::ShardName, heartbeat: Duration, instance: String },
     Query { lake: Arc<apron_query::LakeSource>, alerts: Arc<cluster::FleetAlerts> },
 }
 
@@ -263,10 +265,13 @@ impl Server {
 
     /// A collector of a cluster: its store publishes under `shard` (set in the
     /// store's `object_store` config already, [`cluster::ClusterSection::resolve`]), and
-    /// it writes its status to the lake every `heartbeat`.
-    pub fn with_shard(mut self, shard: apron_common::ShardName, heartbeat: Duration) -> Server {
-        self.role = ClusterRole::Collector { shard, heartbeat };
-        self
+    /// it writes its status to the lake every `heartbeat`. Fails when the data directory
+    /// holds another shard or another collector serves this one
+    /// ([`cluster::Heartbeat::claim`]; blocking: it reads the bucket).
+    pub fn with_shard(mut self, shard: apron_common::ShardName, heartbeat: Duration) -> Result<Server, ServerError> {
+        let instance = cluster::Heartbeat::claim(&self.store, &shard, heartbeat)?;
+        self.role = ClusterRole::Collector { shard, heartbeat, instance };
+        Ok(self)
     }
 
     fn open_as(
@@ -563,8 +568,16 @@ impl Server {
         self.ledger.as_ref()
     }
 
-    fn heartbeat(&self, shard: apron_common::ShardName, interval: Duration) -> cluster::Heartbeat {
-        cluster::Heartbeat { store: self.store.clone(), shard, interval, alerts: self.alerts.clone() }
+    /// A collector's status writer (none in the other roles).
+    fn heartbeat(&self) -> Option<cluster::Heartbeat> {
+        let ClusterRole::Collector { shard, heartbeat, instance } = &self.role else { return None };
+        Some(cluster::Heartbeat {
+            store: self.store.clone(),
+            shard: shard.clone(),
+            interval: *heartbeat,
+            alerts: self.alerts.clone(),
+            instance: instance.clone(),
+        })
     }
 
     /// The materializer over this server's store and engine (run by [`Server::run`]
@@ -631,9 +644,9 @@ impl Server {
             std::mem::take(&mut self.scrapers).into_iter().map(|s| AbortOnDrop(tokio::spawn(s.run()))).collect();
         let cluster_task = match &self.role {
             ClusterRole::Single => None,
-            ClusterRole::Collector { shard, heartbeat } => {
+            ClusterRole::Collector { shard, heartbeat, .. } => {
                 tracing::info!(%shard, ?heartbeat, "collector of shard {shard}: status to the lake every {heartbeat:?}");
-                Some(AbortOnDrop(tokio::spawn(Arc::new(self.heartbeat(shard.clone(), *heartbeat)).run())))
+                self.heartbeat().map(|h| AbortOnDrop(tokio::spawn(Arc::new(h).run())))
             }
             ClusterRole::Query { lake, alerts } => {
                 tracing::info!(config = ?lake.config(), "query server over every shard of the lake");
@@ -696,9 +709,8 @@ impl Server {
             .map_err(ServerError::Task)?
             .map_err(ServerError::Persist)?;
         tracing::info!(rows = persisted.rows, files = persisted.files.len(), "persisted the memtable to Parquet");
-        if let ClusterRole::Collector { shard, heartbeat } = &self.role {
+        if let Some(beat) = self.heartbeat() {
             // The last status says the memtable is empty and what the rollup read.
-            let beat = self.heartbeat(shard.clone(), *heartbeat);
             match tokio::task::spawn_blocking(move || beat.publish_once()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "the last shard status"),

@@ -278,7 +278,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let server = tokio::task::spawn_blocking(move || match cluster {
                     apron::cluster::Cluster::Single => Server::open(store, ingest, query, auth),
                     apron::cluster::Cluster::Collector { shard, heartbeat } => {
-                        Ok(Server::open(store, ingest, query, auth)?.with_shard(shard, heartbeat))
+                        Server::open(store, ingest, query, auth)?.with_shard(shard, heartbeat)
                     }
                     apron::cluster::Cluster::Query { lake } => Server::open_query(store, query, auth, lake),
                 })

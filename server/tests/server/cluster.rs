@@ -326,6 +326,9 @@ fn two_shards_and_a_query_server_answer_as_one_server() {
     let duck = String::from_utf8_lossy(&duckdb.stdout).trim().to_owned();
     assert_eq!(duck, format!("[('rack-a', {}), ('rack-b', {})]", per_shard[0][1], per_shard[1][1]), "DuckDB: {duck}");
 
+    // One collector per shard: another data directory claiming rack-a is refused.
+    refused(dir.path(), "rack-a-twin", port, "rack-a", "is served by another collector");
+
     // A query server ingests nothing.
     let r =
         request(query.addr, "POST", "/api/v1/ingest", &ingest_headers("gpu_samples", "x", "e", "0", &bearer()), b"");
@@ -351,6 +354,8 @@ fn two_shards_and_a_query_server_answer_as_one_server() {
         SAME[5].as_bytes(),
     );
     assert!(r.headers.contains("apron-stale-shards: rack-b"), "{r:?}");
+    // A data directory keeps its shard.
+    refused(dir.path(), "rack-b", port, "rack-c", "this data directory holds shard \"rack-b\"");
     let alerts = get_as(query.addr, "/api/v1/alerts");
     assert_eq!(alerts["stale_shards"], serde_json::json!(["rack-b"]), "{alerts}");
     let with_stale = report(query.addr);
@@ -372,8 +377,26 @@ fn two_shards_and_a_query_server_answer_as_one_server() {
     query.stop();
     let query = start(dir.path(), "query", Some(port), Some("query"));
     assert_converges(query.addr, &expected, "the restarted query server");
-    drop(rack_a);
+
+    // The bucket down: an error that says so (and not where the bucket is), never a
+    // partial answer.
     drop(s3);
+    let auth = format!("Bearer {VIEWER}");
+    let r = poll("the query server to notice the bucket is gone", Duration::from_secs(60), || {
+        let r = request(query.addr, "POST", "/api/v1/sql", &[("authorization", &auth)], SAME[0].as_bytes());
+        (r.status != 200).then_some(r)
+    });
+    assert_eq!((r.status, r.json()["code"].as_str()), (500, Some("source_error")), "{r:?}");
+    assert!(!r.body.contains(&format!(":{port}")) && !r.body.contains("s3://"), "{}", r.body);
+    drop(rack_a);
+}
+
+/// `apron serve` as collector `name` of `shard` exits at once, saying `why`.
+fn refused(dir: &Path, name: &str, s3_port: u16, shard: &str, why: &str) {
+    let cfg = config(dir, name, Some(s3_port), Some(shard));
+    let out = std::process::Command::new(super::APRON).arg("serve").arg("--config").arg(&cfg).output().expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(why), "{name} as {shard}: {err}");
 }
 
 fn get_as(addr: SocketAddr, path: &str) -> Value {
