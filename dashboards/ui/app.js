@@ -201,6 +201,8 @@
     if (!r || !Array.isArray(r.columns) || !Array.isArray(r.rows)) {
       throw new ApiError(200, "bad_response", "the SQL answer has no columns/rows");
     }
+    // A query server of a cluster names the shards whose collectors are not current.
+    showStale(Array.isArray(r.stale_shards) ? r.stale_shards : []);
     const names = r.columns.map((c) => c.name);
     r.objects = () =>
       r.rows.map((row) => {
@@ -209,6 +211,11 @@
         return o;
       });
     return r;
+  }
+
+  function showStale(shards) {
+    $("stale-banner").hidden = shards.length === 0;
+    $("stale-banner-detail").textContent = shards.join(", ");
   }
 
   function showUnauthorized(detail) {

@@ -32,7 +32,10 @@ flags fit for CI as root (--headless=new --no-sandbox --disable-gpu
   listed but do not fail the check.
 
 With APRON_UI_TOKEN set (apron serve), the page starts with that API token saved, as if
-entered in its token field.
+entered in its token field. With APRON_UI_STALE_SHARDS set (a query server of a cluster
+with a collector down), the stale-shards banner must be shown naming exactly those
+shards (comma-separated); without it, the banner must be hidden. APRON_UI_HISTORY_ONLY
+(data older than the heatmap's 24 hours) accepts a heatmap without cells.
 
 It saves OUTDIR/ui-1280.png and OUTDIR/ui-1920.png (the full page at each width), also on
 failure, and prints one line per problem. Exit status: 0 passed, 1 a check failed, 2 could not run
@@ -335,6 +338,20 @@ def main():
             "document.body && document.body.dataset.state === 'ready'", LOAD_TIMEOUT_S, "the page's first refresh (body[data-state=ready])"
         )
         if loaded:
+            stale_want = os.environ.get("APRON_UI_STALE_SHARDS", "")
+            stale = js(
+                "(() => { const b = document.getElementById('stale-banner');"
+                " return b ? {hidden: b.hidden, text: document.getElementById('stale-banner-detail').textContent} : null; })()"
+            )
+            want_names = ", ".join(n for n in stale_want.split(",") if n)
+            if not stale:
+                failures.append("#stale-banner is missing")
+            elif stale_want and (stale["hidden"] or stale["text"] != want_names):
+                failures.append("the stale-shards banner shows %r (hidden: %s), expected %r" % (stale["text"], stale["hidden"], want_names))
+            elif not stale_want and not stale["hidden"]:
+                failures.append("the stale-shards banner is shown (%r) with every shard current" % stale["text"])
+            else:
+                print("stale-shards banner: %s" % (want_names or "hidden"))
             total = js(
                 "(() => { const e = document.getElementById('idle-dollars-total');"
                 " return e ? {text: e.textContent, value: e.dataset.value || '', week: e.dataset.week || ''} : null; })()"
@@ -387,7 +404,10 @@ def main():
 
             cells = js("Number((document.getElementById('heatmap') || {dataset: {}}).dataset.cells || 0)")
             gpus = js("Number((document.getElementById('heatmap') || {dataset: {}}).dataset.gpus || 0)")
-            if not cells:
+            if os.environ.get("APRON_UI_HISTORY_ONLY") and not cells:
+                # The heatmap shows the last 24 hours; a trace of past weeks has none.
+                print("heatmap: no cells (APRON_UI_HISTORY_ONLY: the data is older than 24 h)")
+            elif not cells:
                 failures.append("the heatmap drew no cells (canvas#heatmap data-cells=%r)" % cells)
             else:
                 print("heatmap: %d cells for %d GPUs" % (cells, gpus))

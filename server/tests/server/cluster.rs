@@ -354,6 +354,22 @@ fn two_shards_and_a_query_server_answer_as_one_server() {
         SAME[5].as_bytes(),
     );
     assert!(r.headers.contains("apron-stale-shards: rack-b"), "{r:?}");
+    // The web UI in headless Chromium shows the stale shard in its banner, and the
+    // report's idle dollars (the fleet's, from the lake).
+    let idle = report(query.addr)["fleet"]["idle_cost_usd"].as_f64().expect("fleet idle");
+    let ui = std::process::Command::new(apron_test_support::tool("python3"))
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/ui/chromium_check.py"))
+        .arg(format!("http://{}/?week={WEEK}&refresh=0", query.addr))
+        .arg(dir.path().join("ui"))
+        .arg(format!("{idle:.2}"))
+        .env("APRON_UI_TOKEN", VIEWER)
+        .env("APRON_UI_STALE_SHARDS", "rack-b")
+        .env("APRON_UI_HISTORY_ONLY", "1")
+        .output()
+        .expect("python3 runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&ui.stdout), String::from_utf8_lossy(&ui.stderr));
+    assert!(ui.status.success() && said.contains("stale-shards banner: rack-b"), "{said}");
+
     // A data directory keeps its shard.
     refused(dir.path(), "rack-b", port, "rack-c", "this data directory holds shard \"rack-b\"");
     let alerts = get_as(query.addr, "/api/v1/alerts");
