@@ -127,8 +127,6 @@ pub struct LakeSource {
     files: Remote,
     config: LakeConfig,
     statuses: Mutex<Statuses>,
-    /// The wall clock (µs); tests move it.
-    clock: Box<dyn Fn() -> i64 + Send + Sync>,
 }
 
 impl std::fmt::Debug for LakeSource {
@@ -144,13 +142,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl LakeSource {
     /// `remote` and `files`: two clients of the same bucket ([`Remote::open`] twice).
     pub fn new(remote: Remote, files: Remote, config: LakeConfig) -> LakeSource {
-        LakeSource {
-            remote,
-            files,
-            config,
-            statuses: Mutex::new(Statuses::default()),
-            clock: Box::new(|| UnixMicros::now().0),
-        }
+        LakeSource { remote, files, config, statuses: Mutex::new(Statuses::default()) }
     }
 
     pub fn config(&self) -> &LakeConfig {
@@ -181,19 +173,7 @@ impl LakeSource {
     /// Every shard with a status, and whether it is stale (its status older than
     /// `stale_after`, by this server's clock).
     pub fn shards(&self) -> Result<Vec<ShardView>, SourceError> {
-        let statuses = self.statuses()?;
-        let now = (self.clock)();
-        let stale_us = i64::try_from(self.config.stale_after.as_micros()).unwrap_or(i64::MAX);
-        Ok(statuses
-            .values()
-            .map(|s| ShardView {
-                shard: s.shard.clone(),
-                updated: UnixMicros(s.updated_us).to_rfc3339(),
-                stale: now.saturating_sub(s.updated_us) > stale_us,
-                memtable_rows: s.memtable_rows,
-                files: s.files.len(),
-            })
-            .collect())
+        Ok(views(&*self.statuses()?, UnixMicros::now().0, self.config.stale_after))
     }
 
     /// The names of the stale shards ([`LakeSource::shards`]); empty when the statuses
@@ -202,10 +182,26 @@ impl LakeSource {
         self.shards().map(|v| v.into_iter().filter(|s| s.stale).map(|s| s.shard).collect()).unwrap_or_default()
     }
 
-    /// Every shard's published alerts (as the alerts API lists them), with their shard.
+    /// Every shard's published alert episodes (as its collector keeps them), with their
+    /// shard.
     pub fn alerts(&self) -> Result<Vec<(String, serde_json::Value)>, SourceError> {
         Ok(self.statuses()?.values().flat_map(|s| s.alerts.iter().map(|a| (s.shard.clone(), a.clone()))).collect())
     }
+}
+
+/// Each shard as seen at `now_us`: stale when its status is older than `stale_after`.
+fn views(statuses: &BTreeMap<String, ShardStatus>, now_us: i64, stale_after: Duration) -> Vec<ShardView> {
+    let stale_us = i64::try_from(stale_after.as_micros()).unwrap_or(i64::MAX);
+    statuses
+        .values()
+        .map(|s| ShardView {
+            shard: s.shard.clone(),
+            updated: UnixMicros(s.updated_us).to_rfc3339(),
+            stale: now_us.saturating_sub(s.updated_us) > stale_us,
+            memtable_rows: s.memtable_rows,
+            files: s.files.len(),
+        })
+        .collect()
 }
 
 fn lake_error(e: apron_collector::StorageError) -> SourceError {
@@ -389,6 +385,20 @@ mod tests {
         assert_eq!((m.days[&1].rows, m.days[&2].rows), (14, 3));
         let legacy = RollupState { labels: Labels::End, ..RollupState::default() };
         assert_eq!(merge_rollup_states([&a, &legacy]).labels, Labels::End);
+    }
+
+    #[test]
+    fn a_shard_is_stale_once_its_status_is_older_than_stale_after() {
+        let status =
+            |shard: &str, updated_us| ShardStatus { shard: shard.into(), updated_us, ..ShardStatus::default() };
+        let all =
+            BTreeMap::from([("a".to_owned(), status("a", 100_000_000)), ("b".to_owned(), status("b", 39_000_000))]);
+        let v = views(&all, 100_000_000, Duration::from_secs(60));
+        let stale: Vec<(&str, bool)> = v.iter().map(|s| (s.shard.as_str(), s.stale)).collect();
+        assert_eq!(stale, [("a", false), ("b", true)]);
+        assert_eq!(v[0].updated, "1970-01-01T00:01:40.000000Z");
+        // Exactly stale_after old is not yet stale.
+        assert!(!views(&all, 99_000_000, Duration::from_secs(60))[1].stale);
     }
 
     #[test]

@@ -48,6 +48,10 @@
 //! [report]                           # the weekly report schedule (crate::schedule)
 //! [report.email]                     # SMTP delivery
 //! [report.webhook]                   # JSON (Slack-compatible) delivery
+//!
+//! [cluster]                          # more than one machine over one bucket (crate::cluster)
+//! role = "collector"                 # or "query"; needs [storage.object_store]
+//! shard = "rack-a"                   # a collector's shard
 //! ```
 
 use std::net::SocketAddr;

@@ -154,6 +154,7 @@ async fn stranded_facts(engine: &QueryEngine, week: IsoWeek, scope: &Scope) -> R
 
 /// Builds the report of `week` (and of the week before, for the changes) from the rows
 /// `scope` may read: the fleet's, or one team's (its report then covers that team only).
+/// On a query server of a cluster it names the shards that were stale as it read them.
 pub async fn build(
     engine: &QueryEngine,
     book: Option<&PriceBook>,
@@ -178,9 +179,10 @@ pub async fn build(
         previous: None,
     })
     .map_err(|e| ReportError::Model(e.to_string()))?;
+    let stale_shards = engine.stale_shards().await;
     let rows = hourly_rows(engine, week, scope).await?;
     let stranded = stranded_facts(engine, week, scope).await?;
-    WeeklyReport::build(&ReportInput {
+    let mut report = WeeklyReport::build(&ReportInput {
         week,
         rows: &rows,
         stranded: &stranded,
@@ -190,7 +192,9 @@ pub async fn build(
         share_unallocated: share,
         previous: Some(&previous),
     })
-    .map_err(|e| ReportError::Model(e.to_string()))
+    .map_err(|e| ReportError::Model(e.to_string()))?;
+    report.stale_shards = stale_shards;
+    Ok(report)
 }
 
 /// The files of one rendering: `(file name, bytes)`.
@@ -498,13 +502,7 @@ async fn weekly(
             );
         }
     }
-    // On a query server of a cluster: the shards whose collectors are not current.
-    let stale = state.engine.stale_shards().await;
-    let built = || async {
-        let mut report = build(&state.engine, book, week, state.share, now, &scope).await?;
-        report.stale_shards = stale.clone();
-        render(&report, format)
-    };
+    let built = || async { render(&build(&state.engine, book, week, state.share, now, &scope).await?, format) };
     let produced = match (&scope, stored) {
         (Scope::All, Some(files)) => Ok(files),
         // A request reads; it never stores a week (the schedule's delivery does, and
