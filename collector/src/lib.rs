@@ -64,7 +64,7 @@ pub use error::{IngestError, StoreError};
 pub use fsutil::write_atomic;
 pub use memtable::TableStats;
 pub use persist::{PersistedFile, ReadingEncoding};
-pub use storage::{LakeFile, ObjectStoreConfig, Remote, Storage, StorageError};
+pub use storage::{ObjectStoreConfig, Remote, Storage, StorageError};
 pub use store::{
     Compacted, INGEST_PATIENCE, IngestOutcome, IngestRequest, MaintenanceReport, OpenReport, PersistReport, Store,
     TableView,

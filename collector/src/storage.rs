@@ -8,8 +8,8 @@
 //!
 //! | step | local | object store |
 //! | --- | --- | --- |
-//! | publish a staged file | rename temp → final, fsync dir | PUT the temp file's bytes to `<prefix>/<table>/date=D/<uuid>.parquet` (atomic: the object appears whole or not at all) — a multipart upload of `part_bytes` parts read from disk one at a time when larger — then delete the temp file |
-//! | list | `read_dir` of the partitions | LIST `<prefix>/<table>/` |
+//! | publish a staged file | rename temp → final, fsync dir | PUT the temp file's bytes to `<prefix>/<table>/date=D/<uuid>.parquet` (`date=D/shard=S/` for a collector of a cluster) (atomic: the object appears whole or not at all) — a multipart upload of `part_bytes` parts read from disk one at a time when larger — then delete the temp file |
+//! | list | `read_dir` of the partitions | LIST `<prefix>/<table>/`, keeping this store's own layout: its shard's files (`<table>/date=D/shard=S/…`, `[cluster] shard`) or, unsharded, the files of no shard |
 //! | read (compaction) | the file itself | GET, streamed into a scratch file next to the partition's journal |
 //! | remove | unlink | DELETE |
 //!
@@ -263,9 +263,9 @@ fn object_key(prefix: &ObjectPath, shard: Option<&ShardName>, relative: &Path) -
 /// `shard=` of the Hive partition that names a file's shard.
 pub const SHARD_PREFIX: &str = "shard=";
 
-/// One published file of the lake ([`Remote::list_lake`]).
+/// One published file of the lake, as [`Storage::list`] reads a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LakeFile {
+pub(crate) struct LakeFile {
     pub table: Table,
     /// `YYYY-MM-DD` of its `date=` partition.
     pub date: String,

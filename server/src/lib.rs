@@ -16,6 +16,9 @@
 //!     shutdown: stop accepting → finish requests in flight → Store::persist_now
 //! ```
 //!
+//! - [`cluster`]: `[cluster]` — a collector of one shard of a shared bucket (its status
+//!   to the lake every heartbeat) or a query server over every shard
+//!   ([`Server::open_query`]: no ingest, the lake as its tables, the shards' alerts).
 //! - [`config`]: `apron serve`'s file, overrides and validation.
 //! - [`up`]: the all-in-one `apron up`: server + in-process agent, `endpoints.json`.
 //! - [`alerts`], [`recommend`], [`insights`]: live alerts and their receivers,
