@@ -259,6 +259,11 @@ impl QueryEngine {
     /// The shards of a cluster's lake whose collectors are not current (empty for a
     /// single store); read off the async threads, since it may ask the bucket.
     pub async fn stale_shards(&self) -> Vec<String> {
+        // Asked on every SQL request and pg query: one server has no shards, and no
+        // blocking task to spend on saying so.
+        if !self.inner.source.merges_shards() {
+            return Vec::new();
+        }
         let source = self.inner.source.clone();
         tokio::task::spawn_blocking(move || source.stale_shards()).await.unwrap_or_default()
     }
