@@ -62,6 +62,10 @@ pub struct QueryConfig {
     /// batch of rows; checked from the arguments before anything is allocated, since
     /// these allocations are not counted by the memory pool.
     pub max_string_result_bytes: u64,
+    /// `[query.ballista]`: run the heavy scans of a query server (`[cluster] role =
+    /// "query"`) on an Apache DataFusion Ballista cluster ([`crate::distributed`]).
+    /// Unset: every query runs in this process.
+    pub ballista: Option<crate::BallistaConfig>,
 }
 
 impl QueryConfig {
@@ -91,6 +95,7 @@ impl Default for QueryConfig {
             max_expr_depth: 500,
             max_expr_nodes: 20_000,
             max_string_result_bytes: 64 << 20,
+            ballista: None,
         }
     }
 }

@@ -10,6 +10,9 @@
 //!         state = base session + a fresh memory pool (memory_limit_bytes, no spill)
 //!         parse → check_shape → check_statement → plan → check_plan
 //!                                              ── TooComplex / ReadOnly / Syntax / Plan (400)
+//!         [query.ballista] set, only stored lake tables, ≥ min_scan_bytes?
+//!           yes: the same plan on the Ballista cluster (crate::distributed); a failure
+//!                runs it here (fallback_local) ─────────────── else Cluster (503)
 //!         DataFrame::new(state, plan).execute_stream()           (never SessionContext::sql,
 //!         collect ≤ max_result_rows ─────────────────────────── which would run DDL)
 //!                                                                 else TooManyRows (413)
@@ -52,6 +55,7 @@ use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::QueryConfig;
+use crate::distributed::{self, ApronCodec, BallistaConfig, DistributedStats};
 use crate::error::QueryError;
 use crate::guard;
 use crate::pgcompat;
@@ -100,6 +104,9 @@ struct Inner {
     pg_tables: Arc<PgCatalogStaticTables>,
     /// Where the tables' data comes from (asked which shards are stale).
     source: Arc<dyn TableSource>,
+    /// `[query.ballista]` and the codec plans are shipped with.
+    cluster: Option<(BallistaConfig, Arc<ApronCodec>)>,
+    cluster_stats: DistributedStats,
 }
 
 /// The query runtime; shut down without blocking, since the engine may be dropped
@@ -136,27 +143,7 @@ impl QueryEngine {
         rollup_state: Option<std::path::PathBuf>,
     ) -> Result<QueryEngine, QueryError> {
         let df_err = |e| QueryError::from_datafusion(e, config.memory_limit_bytes);
-        let mut session = SessionConfig::new()
-            // `SHOW TABLES`, `SHOW COLUMNS`, information_schema.* for clients and BI tools.
-            .with_information_schema(true);
-        if config.target_partitions > 0 {
-            session = session.with_target_partitions(config.target_partitions);
-        }
-        {
-            let o = session.options_mut();
-            // Filter pushdown into the Parquet decoder, cheapest predicates first; page
-            // index and statistics pruning (defaults, set so they cannot drift).
-            o.execution.parquet.pushdown_filters = true;
-            o.execution.parquet.reorder_filters = true;
-            o.execution.parquet.enable_page_index = true;
-            o.execution.parquet.pruning = true;
-            // PostgreSQL's dialect, as the pg port's clients expect: the contract's column
-            // names (`cluster`, `host`, `time`, `hour`, …) work unquoted, where the generic
-            // dialect reads `cluster` as the start of Hive's `CLUSTER BY`.
-            o.sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
-        }
-        // No spilling: a query over its memory limit fails instead of filling the disk
-        // the collector writes to.
+        let session = session_config(&config);
         let runtime = RuntimeEnvBuilder::new()
             .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
             .build_arc()
@@ -170,15 +157,13 @@ impl QueryEngine {
             // Row-multiplying joins yield, so a cancelled query really stops.
             .with_physical_optimizer_rule(Arc::new(guard::YieldInJoins))
             .build();
-        let max_string = usize::try_from(config.max_string_result_bytes).unwrap_or(usize::MAX);
-        guard::capped_functions(&mut state, max_string).map_err(df_err)?;
+        register_functions(&mut state, &config).map_err(df_err)?;
         let ctx = SessionContext::new_with_state(state);
         // `pg_catalog` (tables and functions) for PostgreSQL clients: what psql's `\d`,
         // JDBC's DatabaseMetaData and Grafana's pickers ask on connect. Metadata only
         // (row counts are not estimated), the same for every principal.
         let default_catalog = ctx.state().config_options().catalog.default_catalog.clone();
         let pg_tables = pgcompat::setup(&ctx, &default_catalog).map_err(df_err)?;
-        crate::sketch::register(&ctx);
         let mut tables = Vec::new();
         let mut providers: Vec<(&'static str, Arc<dyn TableProvider>)> = Vec::new();
         for def in TABLES {
@@ -213,6 +198,13 @@ impl QueryEngine {
             .enable_all()
             .build()
             .map_err(|e| QueryError::Internal { detail: format!("starting the query runtime: {e}") })?;
+        let cluster = match &config.ballista {
+            Some(b) => {
+                b.endpoint().map_err(|detail| QueryError::Cluster { detail: format!("query.ballista: {detail}") })?;
+                Some((b.clone(), Arc::new(ApronCodec::new(None))))
+            }
+            None => None,
+        };
         let slots = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
         let internal_slots = Arc::new(Semaphore::new(config.reserved_internal.max(1)));
         Ok(QueryEngine {
@@ -224,6 +216,8 @@ impl QueryEngine {
                 pg_parser: PostgresCompatibilityParser::new(),
                 pg_tables,
                 source,
+                cluster,
+                cluster_stats: Default::default(),
             }),
             slots,
             internal_slots,
@@ -266,6 +260,14 @@ impl QueryEngine {
         }
         let source = self.inner.source.clone();
         tokio::task::spawn_blocking(move || source.stale_shards()).await.unwrap_or_default()
+    }
+
+    /// Queries the Ballista cluster answered and failed so far (`None` without
+    /// `[query.ballista]`).
+    pub fn cluster_stats(&self) -> Option<(u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.inner.cluster_stats;
+        self.inner.cluster.as_ref().map(|_| (s.answered.load(Relaxed), s.failed.load(Relaxed)))
     }
 
     /// Queries holding a slot now (for a gauge; and for tests, to see a query started).
@@ -647,6 +649,50 @@ impl Inner {
         if let Some(params) = &request.params {
             plan = plan.with_param_values(params.clone()).map_err(df_err)?;
         }
+        if let Some((cluster, codec)) = &self.cluster {
+            match distributed::distributable(&plan) {
+                Ok(bytes) if bytes >= cluster.min_scan_bytes => {
+                    let ran = match distributed::cluster_state(state.clone(), cluster, codec) {
+                        Ok(remote) => self
+                            .collect(remote, plan.clone(), max_rows)
+                            .await
+                            .map(|r| QueryResult { distributed: true, ..r }),
+                        Err(e) => Err(e),
+                    };
+                    use std::sync::atomic::Ordering::Relaxed;
+                    match ran {
+                        Ok(result) => {
+                            self.cluster_stats.answered.fetch_add(1, Relaxed);
+                            return Ok(result);
+                        }
+                        // The result's own limits: the same here.
+                        Err(e @ (QueryError::TooManyRows { .. } | QueryError::ResultTooLarge { .. })) => return Err(e),
+                        Err(e) => {
+                            self.cluster_stats.failed.fetch_add(1, Relaxed);
+                            let detail = e.detail();
+                            if !cluster.fallback_local {
+                                return Err(QueryError::Cluster { detail });
+                            }
+                            tracing::warn!(%detail, "the Ballista cluster failed a query; running it here");
+                        }
+                    }
+                }
+                Ok(bytes) => tracing::debug!(bytes, "a small scan; runs here"),
+                Err(why) => tracing::debug!(why, "runs here"),
+            }
+        }
+        self.collect(state, plan, max_rows).await
+    }
+
+    /// Runs `plan` in `state` (here, or on the cluster for a Ballista state) and
+    /// collects the whole result under the result caps.
+    async fn collect(
+        &self,
+        state: SessionState,
+        plan: LogicalPlan,
+        max_rows: Option<usize>,
+    ) -> Result<QueryResult, QueryError> {
+        let df_err = |e| self.df_err(e);
         let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;
         let schema = stream.schema();
         let max = max_rows.unwrap_or(0);
@@ -667,6 +713,38 @@ impl Inner {
                 batches.push(batch);
             }
         }
-        Ok(QueryResult { schema, batches })
+        Ok(QueryResult { schema, batches, distributed: false })
     }
+}
+
+/// The session options every Apron session runs with: the query server's, and the
+/// Ballista scheduler's and executors' ([`crate::distributed`]).
+pub fn session_config(config: &QueryConfig) -> SessionConfig {
+    let mut session = SessionConfig::new()
+        // `SHOW TABLES`, `SHOW COLUMNS`, information_schema.* for clients and BI tools.
+        .with_information_schema(true);
+    if config.target_partitions > 0 {
+        session = session.with_target_partitions(config.target_partitions);
+    }
+    let o = session.options_mut();
+    // Filter pushdown into the Parquet decoder, cheapest predicates first; page
+    // index and statistics pruning (defaults, set so they cannot drift).
+    o.execution.parquet.pushdown_filters = true;
+    o.execution.parquet.reorder_filters = true;
+    o.execution.parquet.enable_page_index = true;
+    o.execution.parquet.pruning = true;
+    // PostgreSQL's dialect, as the pg port's clients expect: the contract's column
+    // names (`cluster`, `host`, `time`, `hour`, …) work unquoted, where the generic
+    // dialect reads `cluster` as the start of Hive's `CLUSTER BY`.
+    o.sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
+    session
+}
+
+/// Apron's functions in `state`: the capped string functions (`max_string_result_bytes`)
+/// and the sketches. The query server's sessions and every Ballista node's have the
+/// same, so a shipped plan's functions mean the same everywhere.
+pub fn register_functions(state: &mut SessionState, config: &QueryConfig) -> datafusion::common::Result<()> {
+    let max_string = usize::try_from(config.max_string_result_bytes).unwrap_or(usize::MAX);
+    guard::capped_functions(state, max_string)?;
+    crate::sketch::register(state)
 }

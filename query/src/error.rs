@@ -8,6 +8,7 @@
 //! | `Busy` | 503 | every query slot is taken; retry later (server-wide, not per client, so not 429) |
 //! | `MemoryLimit` | 507 | the server cannot hold this query's working set; retrying as-is fails again (like the collector's 507 for a full disk) |
 //! | `Source`, `Internal` | 500 | reading the data or the engine failed |
+//! | `Cluster` | 503 | the Ballista cluster failed the query (an executor lost, the scheduler down) and it did not run here instead; retry later |
 //!
 //! The JSON body is `{"error": <one-line message>, "detail": <engine text or a hint>,
 //! "code": <stable name>}` ([`QueryError::to_json`]); [`QueryError::code`] is the stable
@@ -16,7 +17,7 @@
 //!
 //! **What errors may say.** No error carries a server path ([`redact_paths`] runs on
 //! every engine text). For a scoped (`team:<name>`) principal, errors that come from
-//! evaluating the query on data — `Invalid`, `MemoryLimit`, `Source`, `Internal` — carry
+//! evaluating the query on data — `Invalid`, `MemoryLimit`, `Source`, `Internal`, `Cluster` — carry
 //! no engine text at all: [`QueryError::opaque`] replaces it with the kind of failure and
 //! an error id that the server logs together with the full text.
 
@@ -65,6 +66,10 @@ pub enum QueryError {
     Source { detail: String },
     #[error("internal error: {detail}")]
     Internal { detail: String },
+    /// The Ballista cluster failed the query (an executor lost, the scheduler down) and
+    /// it was not run here instead; nothing of it is returned.
+    #[error("the query cluster failed the query: {detail}")]
+    Cluster { detail: String },
 }
 
 impl QueryError {
@@ -81,6 +86,7 @@ impl QueryError {
             QueryError::Busy { .. } => 503,
             QueryError::MemoryLimit { .. } => 507,
             QueryError::Source { .. } | QueryError::Internal { .. } => 500,
+            QueryError::Cluster { .. } => 503,
         }
     }
 
@@ -99,6 +105,7 @@ impl QueryError {
             QueryError::MemoryLimit { .. } => "memory_limit",
             QueryError::Source { .. } => "source_error",
             QueryError::Internal { .. } => "internal",
+            QueryError::Cluster { .. } => "cluster_unavailable",
         }
     }
 
@@ -133,12 +140,21 @@ impl QueryError {
             }
             QueryError::MemoryLimit { detail, .. } => detail.clone(),
             QueryError::Source { detail } | QueryError::Internal { detail } => detail.clone(),
+            QueryError::Cluster { detail } => {
+                format!("{detail}; retry, or set query.ballista.fallback_local to run such queries on the query server")
+            }
         }
     }
 
     /// True when the same request may succeed later.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, QueryError::Busy { .. } | QueryError::Timeout { .. } | QueryError::Source { .. })
+        matches!(
+            self,
+            QueryError::Busy { .. }
+                | QueryError::Timeout { .. }
+                | QueryError::Source { .. }
+                | QueryError::Cluster { .. }
+        )
     }
 
     /// The contract's error body: `{"error": "...", "detail": "...", "code": "..."}`.
@@ -155,6 +171,7 @@ impl QueryError {
                 | QueryError::MemoryLimit { .. }
                 | QueryError::Source { .. }
                 | QueryError::Internal { .. }
+                | QueryError::Cluster { .. }
         )
     }
 
@@ -172,6 +189,7 @@ impl QueryError {
             QueryError::Internal { .. } => {
                 QueryError::Internal { detail: see_log("the query failed inside the server") }
             }
+            QueryError::Cluster { .. } => QueryError::Cluster { detail: see_log("the query cluster failed") },
             other => other,
         }
     }

@@ -240,6 +240,8 @@ pub fn capped_functions(state: &mut SessionState, max_bytes: usize) -> DfResult<
     }
     let op =
         Arc::new(ScalarUDF::new_from_impl(ConcatOp { signature: Signature::any(2, Volatility::Immutable), max_bytes }));
+    // Also a function by name, so a plan shipped to a Ballista node finds it there.
+    state.register_udf(op.clone())?;
     state.register_expr_planner(Arc::new(ConcatPlanner { op }))?;
     Ok(())
 }

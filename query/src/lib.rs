@@ -14,6 +14,7 @@
 //!  SessionContext (information_schema, no table factories, no spill)
 //!    ▼  parse → readonly::check_statement → plan → readonly::check_plan (+ SQLOptions)
 //!  execution under limits: query slot (Busy), timeout, per-query memory pool, row cap
+//!    (here, or on a Ballista cluster: distributed)
 //!    ▼
 //!  QueryResult → render: JSON {"columns","rows"} │ CSV │ Arrow IPC stream │ Parquet │ table
 //! ```
@@ -31,11 +32,13 @@
 //! [`provider`] (the table scan), [`prune`] (time bounds of filters), [`readonly`] (what
 //! is refused and how), [`render`] (result formats), [`error`] (errors → HTTP status),
 //! [`config`], [`tables`] (the table list), [`scope`] (team scoping, scope first),
-//! [`lake`] (the whole lake of a sharded cluster, for the query role),
+//! [`lake`] (the whole lake of a sharded cluster, for the query role), [`distributed`]
+//! (a query server's heavy scans on a Ballista cluster: the codec, what goes),
 //! [`guard`] (statement shape limits and capped string functions), [`sketch`] (mergeable
 //! quantile sketches: `ddsketch`, `ddsketch_merge`, `ddsketch_quantile`).
 
 pub mod config;
+pub mod distributed;
 pub mod engine;
 pub mod error;
 pub mod guard;
@@ -53,6 +56,7 @@ pub mod source;
 pub mod tables;
 
 pub use config::QueryConfig;
+pub use distributed::BallistaConfig;
 pub use engine::{Described, QueryEngine, Request};
 pub use error::QueryError;
 pub use lake::{LakeConfig, LakeSource, ShardStatus, ShardView};

@@ -96,6 +96,14 @@ impl ApronTable {
         ApronTable { table, schema, source }
     }
 
+    pub fn table(&self) -> Table {
+        self.table
+    }
+
+    pub fn source(&self) -> &Arc<dyn TableSource> {
+        &self.source
+    }
+
     /// Indices (in the table schema) of the longest prefix of the sort order that is in
     /// `columns` — the ordering a projection can still declare.
     fn sort_prefix(&self, columns: &[usize]) -> Vec<usize> {

@@ -43,6 +43,8 @@ use datafusion::parquet::file::properties::WriterProperties;
 pub struct QueryResult {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
+    /// Computed by the Ballista cluster (`[query.ballista]`), not in this process.
+    pub distributed: bool,
 }
 
 /// An output format of `POST /api/v1/sql` and `apron sql`.
@@ -557,7 +559,7 @@ fn result_of(columns: Vec<(&str, ArrayRef)>) -> QueryResult {
         columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect::<Vec<_>>(),
     ));
     let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|c| c.1).collect()).expect("batch");
-    QueryResult { schema, batches: vec![batch] }
+    QueryResult { schema, batches: vec![batch], distributed: false }
 }
 
 #[cfg(test)]

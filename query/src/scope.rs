@@ -145,6 +145,10 @@ pub fn scoped_provider(
     Ok(Some(Arc::new(ScopedTable { table, rule, team: team.clone(), provider, allocations })))
 }
 
+/// A [`ScopedTable`]'s table, team, real provider and allocations provider.
+pub(crate) type ScopedParts<'a> =
+    (&'static str, &'a TeamName, &'a Arc<dyn TableProvider>, Option<&'a Arc<dyn TableProvider>>);
+
 /// A table as one team sees it. It presents itself as the base table it stands for (so
 /// `information_schema` and `SHOW TABLES` look the same to every principal).
 #[derive(Debug)]
@@ -160,6 +164,12 @@ pub struct ScopedTable {
 const HELD: &str = "apron_scope_held";
 
 impl ScopedTable {
+    /// The table, the team, the real provider and the allocations provider (for
+    /// shipping the scope to a Ballista scheduler, [`crate::distributed`]).
+    pub(crate) fn parts(&self) -> ScopedParts<'_> {
+        (self.table, &self.team, &self.provider, self.allocations.as_ref())
+    }
+
     /// The scope's plan: the rule's rows, then (only then) `safe` user predicates
     /// and the projection.
     fn plan(&self, projection: Option<&Vec<usize>>, safe: &[Expr]) -> DfResult<datafusion::logical_expr::LogicalPlan> {
@@ -266,7 +276,19 @@ impl TableProvider for ScopedTable {
         // scope's plan names it by its own name. Re-check: only what cannot fail.
         let safe: Vec<Expr> = filters.iter().filter(|f| cannot_fail(f)).map(unqualified).collect::<DfResult<_>>()?;
         let plan = self.plan(projection, &safe)?;
-        let inner = state.create_physical_plan(&plan).await?;
+        let mut inner = state.create_physical_plan(&plan).await?;
+        // On a Ballista scheduler the scope is one partition, all of its own partitions
+        // merged inside. Ballista runs a stage's partitions as separate tasks and
+        // narrows each task's plan to its partitions leaf by leaf; it cannot narrow a
+        // leaf it does not know, so every task of a many-partition scope would read the
+        // whole scope (seen: a team's rows counted twice with two tasks). The scope
+        // still reads its partitions in parallel inside the one task; the stages above
+        // it spread over the executors as usual.
+        if crate::distributed::is_ballista_session(state.config())
+            && inner.properties().partitioning.partition_count() > 1
+        {
+            inner = Arc::new(datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(inner));
+        }
         Ok(Arc::new(ScopedExec::new(self.table, self.team.clone(), inner)))
     }
 }
@@ -329,7 +351,7 @@ pub struct ScopedExec {
 }
 
 impl ScopedExec {
-    fn new(table: &'static str, team: TeamName, inner: Arc<dyn ExecutionPlan>) -> ScopedExec {
+    pub(crate) fn new(table: &'static str, team: TeamName, inner: Arc<dyn ExecutionPlan>) -> ScopedExec {
         let properties = PlanProperties::new(
             EquivalenceProperties::new(inner.schema()),
             Partitioning::UnknownPartitioning(inner.properties().partitioning.partition_count()),
@@ -337,6 +359,12 @@ impl ScopedExec {
             Boundedness::Bounded,
         );
         ScopedExec { table, team, inner, properties: Arc::new(properties) }
+    }
+
+    /// The table, the team and the scope's own plan (for shipping it to Ballista's
+    /// executors, [`crate::distributed`]).
+    pub(crate) fn parts(&self) -> (&'static str, &TeamName, &Arc<dyn ExecutionPlan>) {
+        (self.table, &self.team, &self.inner)
     }
 }
 

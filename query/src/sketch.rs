@@ -19,7 +19,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err};
-use datafusion::execution::context::SessionContext;
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
@@ -53,13 +53,15 @@ pub fn quantile(sketch: &DDSketch, q: f64) -> Result<Option<f64>> {
     sketch.quantile(q).map_err(|e| DataFusionError::Execution(format!("quantile {q}: {e}")))
 }
 
-/// Registers `ddsketch`, `ddsketch_merge` and `ddsketch_quantile` in `ctx`.
-pub fn register(ctx: &SessionContext) {
-    ctx.register_udaf(AggregateUDF::new_from_impl(SketchAgg::new(Input::Values)));
-    ctx.register_udaf(AggregateUDF::new_from_impl(SketchAgg::new(Input::Sketches)));
-    ctx.register_udf(ScalarUDF::new_from_impl(SketchQuantile {
+/// Registers `ddsketch`, `ddsketch_merge` and `ddsketch_quantile` in `state`.
+pub fn register(state: &mut SessionState) -> Result<()> {
+    use datafusion::execution::FunctionRegistry;
+    state.register_udaf(Arc::new(AggregateUDF::new_from_impl(SketchAgg::new(Input::Values))))?;
+    state.register_udaf(Arc::new(AggregateUDF::new_from_impl(SketchAgg::new(Input::Sketches))))?;
+    state.register_udf(Arc::new(ScalarUDF::new_from_impl(SketchQuantile {
         signature: Signature::exact(vec![DataType::Binary, DataType::Float64], Volatility::Immutable),
-    }));
+    })))?;
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -228,6 +230,7 @@ impl ScalarUDFImpl for SketchQuantile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::prelude::SessionContext;
 
     async fn one(ctx: &SessionContext, sql: &str) -> Option<f64> {
         let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
@@ -238,8 +241,9 @@ mod tests {
 
     #[tokio::test]
     async fn quantiles_are_within_one_percent_and_merging_hours_equals_reading_whole() {
-        let ctx = SessionContext::new();
-        register(&ctx);
+        let mut state = datafusion::execution::SessionStateBuilder::new().with_default_features().build();
+        register(&mut state).expect("register");
+        let ctx = SessionContext::new_with_state(state);
         ctx.sql(
             "CREATE VIEW v AS SELECT CAST(value % 100 AS DOUBLE) / 100.0 AS x, value % 7 AS h \
              FROM generate_series(1, 10000)",

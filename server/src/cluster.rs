@@ -353,7 +353,8 @@ pub fn router(view: ClusterView, access: crate::access::Access) -> axum::Router 
 pub enum ClusterView {
     Single,
     Collector(ShardName),
-    Query(Arc<LakeSource>),
+    /// The lake, and the engine (its queries on Ballista, when `[query.ballista]`).
+    Query(Arc<LakeSource>, Arc<apron_query::QueryEngine>),
 }
 
 async fn cluster_route(
@@ -369,11 +370,20 @@ async fn cluster_route(
         ClusterView::Collector(shard) => {
             axum::Json(serde_json::json!({ "role": "collector", "shard": shard.as_str() })).into_response()
         }
-        ClusterView::Query(lake) => match tokio::task::spawn_blocking(move || lake.shards()).await {
+        ClusterView::Query(lake, engine) => match tokio::task::spawn_blocking(move || lake.shards()).await {
             Ok(Ok(shards)) => {
                 let stale: Vec<&str> = shards.iter().filter(|s| s.stale).map(|s| s.shard.as_str()).collect();
-                axum::Json(serde_json::json!({ "role": "query", "shards": shards, "stale_shards": stale }))
-                    .into_response()
+                let mut body = serde_json::json!({ "role": "query", "shards": shards, "stale_shards": stale });
+                if let (Some(b), Some((answered, failed))) = (&engine.config().ballista, engine.cluster_stats()) {
+                    body["ballista"] = serde_json::json!({
+                        "scheduler": b.scheduler,
+                        "min_scan_bytes": b.min_scan_bytes,
+                        "fallback_local": b.fallback_local,
+                        "answered": answered,
+                        "failed": failed,
+                    });
+                }
+                axum::Json(body).into_response()
             }
             Ok(Err(e)) => apron_collector::http::json_error(
                 axum::http::StatusCode::BAD_GATEWAY,

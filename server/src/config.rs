@@ -52,6 +52,11 @@
 //! [cluster]                          # more than one machine over one bucket (crate::cluster)
 //! role = "collector"                 # or "query"; needs [storage.object_store]
 //! shard = "rack-a"                   # a collector's shard
+//!
+//! [query.ballista]                   # a query server's heavy scans on Ballista (apron_query::distributed)
+//! scheduler = "df://127.0.0.1:50050"
+//! min_scan_bytes = 268435456         # smaller scans run on the query server
+//! fallback_local = true              # a query the cluster fails runs here once more
 //! ```
 
 use std::net::SocketAddr;
@@ -381,6 +386,16 @@ impl FileConfig {
         let query_server = matches!(cluster, crate::cluster::Cluster::Query { .. });
         if tokens.is_empty() && !query_server {
             return Err(ConfigError::NoToken);
+        }
+        if let Some(b) = &self.query.ballista {
+            if !query_server {
+                return Err(invalid(
+                    "query.ballista",
+                    &b.scheduler,
+                    "only on a query server ([cluster] role = \"query\"): a collector's memtable rows cannot be shipped",
+                ));
+            }
+            b.endpoint().map_err(|e| invalid("query.ballista.scheduler", &b.scheduler, e))?;
         }
         if query_server && !self.scrape.is_empty() {
             return Err(invalid("scrape", "[[scrape]]", "none on a query server: scrapes go to a collector"));

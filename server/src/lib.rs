@@ -31,6 +31,7 @@
 pub mod access;
 pub mod alerts;
 pub mod backfill;
+pub mod ballista;
 pub mod cluster;
 pub mod config;
 mod deliver;
@@ -547,7 +548,7 @@ impl Server {
         let view = match &self.role {
             ClusterRole::Single => cluster::ClusterView::Single,
             ClusterRole::Collector { shard, .. } => cluster::ClusterView::Collector(shard.clone()),
-            ClusterRole::Query { lake, .. } => cluster::ClusterView::Query(lake.clone()),
+            ClusterRole::Query { lake, .. } => cluster::ClusterView::Query(lake.clone(), self.engine.clone()),
         };
         app_with(
             self.ingest.clone(),

@@ -40,6 +40,27 @@ struct TraceArgs {
 }
 
 #[derive(Debug, clap::Subcommand)]
+enum BallistaRole {
+    /// The scheduler: plans the jobs query servers submit and hands their stages to
+    /// executors.
+    Scheduler {
+        /// Config file: [storage.object_store] (the lake) and [query] (function limits).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        options: apron::ballista::SchedulerOptions,
+    },
+    /// An executor: runs stages over the lake, serves results over Arrow Flight.
+    Executor {
+        /// Config file: [storage.object_store] (the lake) and [query] (function limits).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        options: apron::ballista::ExecutorOptions,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
 enum Command {
     /// The server for a deployment: ingest from agents, storage, SQL (HTTP and
     /// PostgreSQL), the cost ledger, alerts, recommendations, reports and the web UI.
@@ -165,6 +186,12 @@ enum Command {
         /// The longest gap a point sample still covers (default: 3× the series' median step).
         #[arg(long, value_parser = humantime::parse_duration)]
         max_gap: Option<std::time::Duration>,
+    },
+    /// Apache DataFusion Ballista's scheduler or executor, with Apron's codecs, functions
+    /// and lake, for query servers with [query.ballista].
+    Ballista {
+        #[command(subcommand)]
+        role: BallistaRole,
     },
     /// Price books: show one's $/GPU-hour table, or import a SkyPilot catalog.
     Pricebook {
@@ -315,6 +342,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             rt.block_on(report_command(options))
         }
         Command::Pricebook { action } => pricebook_command(action),
+        Command::Ballista { role } => rt.block_on(ballista_command(role)),
         Command::Import { files, data, cluster, host, max_gap } => {
             rt.block_on(import_command(files, data, cluster, host, max_gap))
         }
@@ -475,7 +503,7 @@ fn sql_over_http(server: &str, query: &str, format: OutFormat, token: Option<&st
             let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)?;
             let schema = reader.schema();
             let batches = reader.collect::<Result<Vec<_>, _>>()?;
-            Ok(apron_query::QueryResult { schema, batches }.render(apron_query::Format::Table)?)
+            Ok(apron_query::QueryResult { schema, batches, distributed: false }.render(apron_query::Format::Table)?)
         }
         _ => Ok(body),
     }
@@ -786,4 +814,34 @@ fn machine_hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// `apron ballista scheduler|executor`: the lake and the query limits from the config
+/// file, the rest from flags.
+async fn ballista_command(role: BallistaRole) -> anyhow::Result<()> {
+    let node = |config: Option<PathBuf>| -> anyhow::Result<apron::ballista::NodeConfig> {
+        let file = match &config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        // Only the lake and the limits: a Ballista node has no listeners or tokens of
+        // Apron's (the same file as the query servers' is fine).
+        Ok(apron::ballista::NodeConfig { object_store: file.storage.object_store, query: file.query })
+    };
+    match role {
+        BallistaRole::Scheduler { config, options } => {
+            let node = node(config)?;
+            println!("ballista scheduler on {}", options.bind);
+            apron::ballista::run_scheduler(node, options).await?;
+        }
+        BallistaRole::Executor { config, options } => {
+            let node = node(config)?;
+            println!(
+                "ballista executor on {} (gRPC port {}), scheduler {}",
+                options.bind, options.grpc_port, options.scheduler
+            );
+            apron::ballista::run_executor(node, options).await?;
+        }
+    }
+    Ok(())
 }

@@ -219,6 +219,8 @@ fn pg_error(e: &QueryError) -> PgWireError {
         QueryError::MemoryLimit { .. } => "53200",
         QueryError::TooManyRows { .. } | QueryError::ResultTooLarge { .. } => "54000",
         QueryError::Busy { .. } => "53300",
+        // cannot_connect_now: the query cluster, retry later.
+        QueryError::Cluster { .. } => "57P03",
         _ => "XX000",
     };
     let mut info = ErrorInfo::new("ERROR".to_owned(), code.to_owned(), e.to_string());
@@ -297,7 +299,7 @@ fn show_response(name: &str, value: &str, format: &Format) -> PgWireResult<Query
     let batch =
         datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(vec![value]))])
             .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
-    encode(apron_query::QueryResult { schema, batches: vec![batch] }, format)
+    encode(apron_query::QueryResult { schema, batches: vec![batch], distributed: false }, format)
 }
 
 #[async_trait]

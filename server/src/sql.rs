@@ -46,6 +46,10 @@ pub fn router(engine: Arc<QueryEngine>, access: Access, max_sql_bytes: usize) ->
 /// The header that names stale shards on a query server's answers.
 pub const STALE_SHARDS_HEADER: &str = "apron-stale-shards";
 
+/// Names the engine that computed an answer when it was not this process:
+/// `Apron-Engine: ballista` ([`apron_query::distributed`]).
+pub const ENGINE_HEADER: &str = "apron-engine";
+
 /// The answer to a body over `sql.max_body_bytes` (HTTP and, in spirit, the pg port).
 fn too_large() -> Response {
     json_error(
@@ -154,6 +158,7 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
         Ok(result) => {
             // Rendering a large Parquet result is CPU work: keep it off the I/O threads.
             let trailer = stale.clone();
+            let distributed = result.distributed;
             let rendered = tokio::task::spawn_blocking(move || match format {
                 Format::Json if !trailer.is_empty() => {
                     result.render_json_with(&[("stale_shards", serde_json::json!(trailer))])
@@ -168,6 +173,9 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
                         && let Ok(v) = HeaderValue::from_str(&stale.join(","))
                     {
                         r.headers_mut().insert(STALE_SHARDS_HEADER, v);
+                    }
+                    if distributed {
+                        r.headers_mut().insert(ENGINE_HEADER, HeaderValue::from_static("ballista"));
                     }
                     r
                 }

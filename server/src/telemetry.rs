@@ -161,6 +161,9 @@ impl Drop for TracingGuard {
 pub fn init_tracing(filter: &str, ansi: bool, otlp: Option<&OtlpTracing>) -> Result<TracingGuard, TracingError> {
     let (subscriber, guard) = build(filter, ansi, otlp)?;
     tracing::subscriber::set_global_default(subscriber).map_err(|e| TracingError::AlreadyInstalled(e.to_string()))?;
+    // Libraries that log through the `log` crate (Ballista's scheduler and executor)
+    // reach the same output; below info they are not even formatted.
+    let _ = tracing_log::LogTracer::builder().with_max_level(log::LevelFilter::Info).init();
     Ok(guard)
 }
 

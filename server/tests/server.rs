@@ -13,6 +13,8 @@
 mod access;
 #[path = "server/adversarial.rs"]
 mod adversarial;
+#[path = "server/ballista.rs"]
+mod ballista;
 #[path = "server/cluster.rs"]
 mod cluster;
 #[path = "server/cost.rs"]

@@ -18,8 +18,8 @@ use apron_common::wire::{encode_ipc, windows_to_batch};
 use serde_json::Value;
 
 const HOUR: i64 = 3600 * SEC;
-const VIEWER: &str = "test-viewer-token-0123456789abcdef";
-const TEAM_A: &str = "test-team-a-token-0123456789abcdef";
+pub(super) const VIEWER: &str = "test-viewer-token-0123456789abcdef";
+pub(super) const TEAM_A: &str = "test-team-a-token-0123456789abcdef";
 const WEEK: &str = "2026-W47";
 /// The query server's PostgreSQL port (the same across its restart).
 static PG_PORT: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
@@ -30,7 +30,7 @@ const BOOK: &str = "version = \"test-cluster\"\n[[price]]\nmodel = \"H100\"\nmat
 /// The known trace, per agent: `(agent, windows)`. Agents a1, a2 ship to rack-a, b1,
 /// b2 to rack-b; GPU-M is in rack-a for its first hour (agent a2) and in rack-b for
 /// its second (agent b2): it moved, at an hour boundary, with its job ending first.
-fn trace() -> Vec<(&'static str, Vec<GpuWindow>)> {
+pub(super) fn trace() -> Vec<(&'static str, Vec<GpuWindow>)> {
     let a1 = ident("node-a1", "GPU-A1", H100);
     let a2 = ident("node-a2", "GPU-A2", H100);
     let b1 = ident("node-b1", "GPU-B1", H100);
@@ -66,7 +66,7 @@ fn trace() -> Vec<(&'static str, Vec<GpuWindow>)> {
     ]
 }
 
-fn lake_toml(port: u16) -> String {
+pub(super) fn lake_toml(port: u16) -> String {
     format!(
         "[storage.object_store]\nurl = \"s3://apron/lake\"\nendpoint = \"http://127.0.0.1:{port}\"\nregion = \"us-east-1\"\naccess_key_id = \"AK\"\nsecret_access_key = \"SK\"\nallow_http = true\n"
     )
@@ -74,6 +74,19 @@ fn lake_toml(port: u16) -> String {
 
 /// A server's config: `role` is `None` (single), a shard name, or `"query"`.
 fn config(dir: &Path, name: &str, s3_port: Option<u16>, role: Option<&str>) -> std::path::PathBuf {
+    config_with(dir, name, s3_port, role, "", true)
+}
+
+/// [`config`] with `extra` TOML at the end; `pg`: a query server's PostgreSQL port
+/// ([`PG_PORT`], one per test binary).
+fn config_with(
+    dir: &Path,
+    name: &str,
+    s3_port: Option<u16>,
+    role: Option<&str>,
+    extra: &str,
+    pg: bool,
+) -> std::path::PathBuf {
     let book = dir.join("prices.toml");
     std::fs::write(&book, BOOK).expect("price book");
     let data = dir.join(name);
@@ -89,9 +102,15 @@ fn config(dir: &Path, name: &str, s3_port: Option<u16>, role: Option<&str>) -> s
     let cluster = match role {
         None => String::new(),
         Some("query") => format!(
-            "[pg]\nlisten = \"127.0.0.1:{}\"\nusers = [{{ name = \"grafana\", password = \"grafana-pass-0123\" }}]\n\
-             [cluster]\nrole = \"query\"\nrefresh = \"1s\"\nstale_after = \"10s\"\n",
-            PG_PORT.get_or_init(apron_test_support::free_port)
+            "{}[cluster]\nrole = \"query\"\nrefresh = \"1s\"\nstale_after = \"10s\"\n",
+            if pg {
+                format!(
+                    "[pg]\nlisten = \"127.0.0.1:{}\"\nusers = [{{ name = \"grafana\", password = \"grafana-pass-0123\" }}]\n",
+                    PG_PORT.get_or_init(apron_test_support::free_port)
+                )
+            } else {
+                String::new()
+            }
         ),
         Some(shard) => {
             format!("[cluster]\nrole = \"collector\"\nshard = {shard:?}\nfreshness = \"1s\"\nheartbeat = \"1s\"\n")
@@ -105,7 +124,7 @@ fn config(dir: &Path, name: &str, s3_port: Option<u16>, role: Option<&str>) -> s
          [rollup]\ninterval = \"1s\"\n\
          [cost]\ninterval = \"1s\"\nprice_book = {:?}\n\
          [cost.teams]\nlabel_keys = [\"team\"]\n\
-         {cluster}",
+         {cluster}{extra}",
         data.display().to_string(),
         s3_port.map(lake_toml).unwrap_or_default(),
         book.display().to_string(),
@@ -115,12 +134,18 @@ fn config(dir: &Path, name: &str, s3_port: Option<u16>, role: Option<&str>) -> s
     path
 }
 
-fn start(dir: &Path, name: &str, s3_port: Option<u16>, role: Option<&str>) -> ServerProc {
+pub(super) fn start(dir: &Path, name: &str, s3_port: Option<u16>, role: Option<&str>) -> ServerProc {
     let config = config(dir, name, s3_port, role);
     ServerProc::start(&config, &[], &dir.join(format!("{name}.log")))
 }
 
-fn ship(addr: SocketAddr, agent: &str, rows: &[GpuWindow]) {
+/// A query server without a PostgreSQL port, with `extra` TOML in its config.
+pub(super) fn start_query_with(dir: &Path, name: &str, s3_port: u16, extra: &str) -> ServerProc {
+    let config = config_with(dir, name, Some(s3_port), Some("query"), extra, false);
+    ServerProc::start(&config, &[], &dir.join(format!("{name}.log")))
+}
+
+pub(super) fn ship(addr: SocketAddr, agent: &str, rows: &[GpuWindow]) {
     let auth = bearer();
     // In batches of 100 windows, as an agent would ship them.
     for (seq, chunk) in rows.chunks(100).enumerate() {
@@ -133,7 +158,7 @@ fn ship(addr: SocketAddr, agent: &str, rows: &[GpuWindow]) {
 }
 
 /// A JSON SQL answer (the whole body) with `token`.
-fn sql_as(addr: SocketAddr, token: &str, q: &str) -> Value {
+pub(super) fn sql_as(addr: SocketAddr, token: &str, q: &str) -> Value {
     let auth = format!("Bearer {token}");
     let r =
         request(addr, "POST", "/api/v1/sql", &[("authorization", &auth), ("accept", "application/json")], q.as_bytes());
@@ -141,12 +166,12 @@ fn sql_as(addr: SocketAddr, token: &str, q: &str) -> Value {
     r.json()
 }
 
-fn rows(addr: SocketAddr, q: &str) -> Value {
+pub(super) fn rows(addr: SocketAddr, q: &str) -> Value {
     sql_as(addr, VIEWER, q)["rows"].clone()
 }
 
 /// The statements whose answers must be the same on the query server and on one server.
-const SAME: [&str; 6] = [
+pub(super) const SAME: [&str; 6] = [
     "SELECT gpu_uuid, host, count(*) AS n, CAST(sum(sm_active) AS VARCHAR) AS sm FROM gpu_samples GROUP BY 1, 2 ORDER BY 1, 2",
     // Minutes by their start; the mean weighted by its windows sums exactly across a
     // minute split between two shards (GPU-M's move), and rounding hides summation order.
@@ -157,12 +182,12 @@ const SAME: [&str; 6] = [
     "SELECT count(*) AS n FROM gpu_samples WHERE time >= TIMESTAMP '2026-11-19 10:30:00' AND time < TIMESTAMP '2026-11-19 11:30:00'",
 ];
 
-fn answers(addr: SocketAddr) -> Vec<Value> {
+pub(super) fn answers(addr: SocketAddr) -> Vec<Value> {
     SAME.iter().map(|q| rows(addr, q)).collect()
 }
 
 /// The weekly report's figures (JSON), without when it was generated.
-fn report(addr: SocketAddr) -> Value {
+pub(super) fn report(addr: SocketAddr) -> Value {
     let auth = format!("Bearer {VIEWER}");
     let r = request(
         addr,
@@ -181,7 +206,7 @@ fn report(addr: SocketAddr) -> Value {
 
 /// Waits until `addr`'s ledger holds the trace's five allocations and its answers have
 /// not changed for three polls in a row (a second apart; the ledger runs every second).
-fn settled(addr: SocketAddr, what: &str) -> Vec<Value> {
+pub(super) fn settled(addr: SocketAddr, what: &str) -> Vec<Value> {
     let mut last = Vec::new();
     let mut same = 0;
     poll(what, Duration::from_secs(120), || {
@@ -196,7 +221,7 @@ fn settled(addr: SocketAddr, what: &str) -> Vec<Value> {
 
 /// Waits until `addr` answers [`SAME`] as `expected`; on time-out, fails showing the
 /// first statement whose answer differs.
-fn assert_converges(addr: SocketAddr, expected: &[Value], what: &str) {
+pub(super) fn assert_converges(addr: SocketAddr, expected: &[Value], what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let got = answers(addr);
@@ -415,7 +440,7 @@ fn refused(dir: &Path, name: &str, s3_port: u16, shard: &str, why: &str) {
     assert!(!out.status.success() && err.contains(why), "{name} as {shard}: {err}");
 }
 
-fn get_as(addr: SocketAddr, path: &str) -> Value {
+pub(super) fn get_as(addr: SocketAddr, path: &str) -> Value {
     let auth = format!("Bearer {VIEWER}");
     let r = request(addr, "GET", path, &[("authorization", &auth)], b"");
     assert_eq!(r.status, 200, "{path}: {r:?}");
