@@ -276,17 +276,29 @@ impl TableProvider for ScopedTable {
         // scope's plan names it by its own name. Re-check: only what cannot fail.
         let safe: Vec<Expr> = filters.iter().filter(|f| cannot_fail(f)).map(unqualified).collect::<DfResult<_>>()?;
         let plan = self.plan(projection, &safe)?;
-        let mut inner = state.create_physical_plan(&plan).await?;
-        // On a Ballista scheduler the scope is one partition, all of its own partitions
-        // merged inside. Ballista runs a stage's partitions as separate tasks and
-        // narrows each task's plan to its partitions leaf by leaf; it cannot narrow a
-        // leaf it does not know, so every task of a many-partition scope would read the
-        // whole scope (seen: a team's rows counted twice with two tasks). The scope
-        // still reads its partitions in parallel inside the one task; the stages above
-        // it spread over the executors as usual.
-        if crate::distributed::is_ballista_session(state.config())
-            && inner.properties().partitioning.partition_count() > 1
-        {
+        if !crate::distributed::is_ballista_session(state.config()) {
+            let inner = state.create_physical_plan(&plan).await?;
+            return Ok(Arc::new(ScopedExec::new(self.table, self.team.clone(), inner)));
+        }
+        // On a Ballista scheduler, two things differ. Ballista prefers sort-merge joins
+        // (its session sets `prefer_hash_join = false`); the scope's join has a team's
+        // allocations on one side, few rows, so it is planned as the hash join it is
+        // here (a sort-merge join would sort the whole table side first). And the scope
+        // is one partition, all of its own partitions merged inside: Ballista runs a
+        // stage's partitions as separate tasks and narrows each task's plan to its
+        // partitions leaf by leaf; it cannot narrow a leaf it does not know, so every
+        // task of a many-partition scope would read the whole scope (seen: a team's rows
+        // counted twice with two tasks). The scope still reads its partitions in
+        // parallel inside the one task; the stages above it spread over the executors.
+        let Some(session) = state.as_any().downcast_ref::<datafusion::execution::SessionState>() else {
+            return datafusion::common::internal_err!("a scoped table needs a DataFusion session");
+        };
+        let mut config = session.config().clone();
+        config.options_mut().optimizer.prefer_hash_join = true;
+        let own =
+            datafusion::execution::SessionStateBuilder::new_from_existing(session.clone()).with_config(config).build();
+        let mut inner = own.create_physical_plan(&plan).await?;
+        if inner.properties().partitioning.partition_count() > 1 {
             inner = Arc::new(datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(inner));
         }
         Ok(Arc::new(ScopedExec::new(self.table, self.team.clone(), inner)))

@@ -121,8 +121,20 @@ fn try_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<Reply, String> {
+    try_request_within(addr, method, path, headers, body, Duration::from_secs(20))
+}
+
+/// [`try_request`] waiting up to `timeout` between reads of the answer.
+fn try_request_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Reply, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
         head += &format!("{k}: {v}\r\n");
