@@ -34,8 +34,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ballista_core::execution_plans::DistributedQueryExec;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_core::serde::protobuf::CancelJobParams;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
@@ -49,7 +52,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{AsExecutionPlan, PhysicalExtensionCodec, PhysicalProtoConverterExtension};
-use datafusion_proto::protobuf::PhysicalPlanNode;
+use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use serde::{Deserialize, Serialize};
 
 use crate::error::QueryError;
@@ -106,6 +109,56 @@ pub struct DistributedStats {
     pub answered: std::sync::atomic::AtomicU64,
     /// Queries the cluster failed (then run here, or failed with `Cluster`).
     pub failed: std::sync::atomic::AtomicU64,
+}
+
+/// Cancels a cluster job whose answer nobody will read: dropped before the whole
+/// result was read (the query's timeout, a result cap, a client gone), the job would
+/// otherwise run on and hold the executors' task slots that the next queries wait for.
+/// Ballista's client stops polling a dropped job but never cancels it.
+#[derive(Debug)]
+pub struct JobGuard {
+    exec: Option<Arc<dyn ExecutionPlan>>,
+    scheduler: String,
+}
+
+impl JobGuard {
+    /// A guard for `plan` when it is a job submitted to the scheduler at `scheduler`
+    /// (`http://host:port`); a plan that runs here needs none.
+    pub fn new(plan: &Arc<dyn ExecutionPlan>, scheduler: String) -> JobGuard {
+        let exec = plan.is::<DistributedQueryExec<LogicalPlanNode>>().then(|| plan.clone());
+        JobGuard { exec, scheduler }
+    }
+
+    /// The whole result was read: nothing to cancel.
+    pub fn finished(mut self) {
+        self.exec = None;
+    }
+}
+
+impl Drop for JobGuard {
+    fn drop(&mut self) {
+        let Some(exec) = self.exec.take() else { return };
+        let Some(job) = exec.downcast_ref::<DistributedQueryExec<LogicalPlanNode>>().and_then(|e| e.job_id()) else {
+            // Not submitted yet (or the submission failed): nothing runs.
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let scheduler = std::mem::take(&mut self.scheduler);
+        runtime.spawn(async move {
+            let job_id = job.into_inner();
+            let cancelled = async {
+                let mut client = SchedulerGrpcClient::connect(scheduler).await.map_err(|e| e.to_string())?;
+                client.cancel_job(CancelJobParams { job_id: job_id.clone() }).await.map_err(|e| e.message().to_owned())
+            };
+            match tokio::time::timeout(std::time::Duration::from_secs(10), cancelled).await {
+                Ok(Ok(_)) => tracing::info!(job_id, "cancelled a cluster job whose answer is no longer wanted"),
+                Ok(Err(e)) => tracing::warn!(job_id, error = %e, "could not cancel a cluster job"),
+                Err(_) => {
+                    tracing::warn!(job_id, "could not cancel a cluster job: the scheduler did not answer in 10 s")
+                }
+            }
+        });
+    }
 }
 
 /// Why a plan runs on the query server, or the bytes it would read on the cluster.

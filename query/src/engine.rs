@@ -13,9 +13,9 @@
 //!         [query.ballista] set, only stored lake tables, ≥ min_scan_bytes?
 //!           yes: the same plan on the Ballista cluster (crate::distributed); a failure
 //!                runs it here (fallback_local) ─────────────── else Cluster (503)
-//!         DataFrame::new(state, plan).execute_stream()           (never SessionContext::sql,
+//!         DataFrame::new(state, plan) → physical plan → stream   (never SessionContext::sql,
 //!         collect ≤ max_result_rows ─────────────────────────── which would run DDL)
-//!                                                                 else TooManyRows (413)
+//!           a cluster job left unread is cancelled             else TooManyRows (413)
 //! ```
 //!
 //! Queries run on the engine's own multi-threaded tokio runtime (`apron-query-N`
@@ -50,6 +50,7 @@ use datafusion::execution::context::{SessionContext, SessionState};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::SessionConfig;
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -654,7 +655,7 @@ impl Inner {
                 Ok(bytes) if bytes >= cluster.min_scan_bytes => {
                     let ran = match distributed::cluster_state(state.clone(), cluster, codec) {
                         Ok(remote) => self
-                            .collect(remote, plan.clone(), max_rows)
+                            .collect(remote, plan.clone(), max_rows, cluster.endpoint().ok())
                             .await
                             .map(|r| QueryResult { distributed: true, ..r }),
                         Err(e) => Err(e),
@@ -681,19 +682,25 @@ impl Inner {
                 Err(why) => tracing::debug!(why, "runs here"),
             }
         }
-        self.collect(state, plan, max_rows).await
+        self.collect(state, plan, max_rows, None).await
     }
 
-    /// Runs `plan` in `state` (here, or on the cluster for a Ballista state) and
-    /// collects the whole result under the result caps.
+    /// Runs `plan` in `state` (here, or on the cluster at `scheduler` for a Ballista
+    /// state) and collects the whole result under the result caps.
     async fn collect(
         &self,
         state: SessionState,
         plan: LogicalPlan,
         max_rows: Option<usize>,
+        scheduler: Option<String>,
     ) -> Result<QueryResult, QueryError> {
         let df_err = |e| self.df_err(e);
-        let mut stream = DataFrame::new(state, plan).execute_stream().await.map_err(df_err)?;
+        let frame = DataFrame::new(state, plan);
+        let task = Arc::new(frame.task_ctx());
+        let physical = frame.create_physical_plan().await.map_err(df_err)?;
+        // A job left unread (this query's timeout, a cap below) is cancelled on the cluster.
+        let job = scheduler.map(|s| distributed::JobGuard::new(&physical, s));
+        let mut stream = execute_stream(physical, task).map_err(df_err)?;
         let schema = stream.schema();
         let max = max_rows.unwrap_or(0);
         // Clients' results are capped in bytes too; the server's own queries are not.
@@ -712,6 +719,9 @@ impl Inner {
             if batch.num_rows() > 0 {
                 batches.push(batch);
             }
+        }
+        if let Some(job) = job {
+            job.finished();
         }
         Ok(QueryResult { schema, batches, distributed: false })
     }

@@ -6,7 +6,8 @@
 //!
 //! Checked: the answers equal one server's; they were computed by the cluster (its
 //! counters); a team's queries over the cluster see that team's rows only, equal to
-//! the single server's scoped answers; an executor killed while a query runs yields
+//! the single server's scoped answers; a query past its timeout is cancelled on the
+//! cluster (its tasks stop); an executor killed while a query runs yields
 //! the whole answer or a `cluster_unavailable` error, never a part; the scheduler down
 //! is a clear error while the lake's small tables still answer.
 
@@ -61,6 +62,24 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// On a failing test, the tail of every node's log: what the cluster did is the only
+/// way to tell a CI failure's cause.
+struct LogsOnPanic<'a>(&'a Path);
+
+impl Drop for LogsOnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for name in ["scheduler", "executor-1", "executor-2", "bquery"] {
+            let log = std::fs::read_to_string(self.0.join(format!("{name}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+            eprintln!("---- {name}.log (last 80 lines) ----\n{tail}");
+        }
     }
 }
 
@@ -138,6 +157,7 @@ fn assert_clear_error(status: u16, body: &Value) {
 #[test]
 fn a_query_server_runs_its_heavy_scans_on_ballista() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = LogsOnPanic(dir.path());
     let Some(s3) = apron_test_support::S3Server::start(&dir.path().join("s3")) else { return };
     let port = s3.port;
     let rack_a = start(dir.path(), "rack-a", Some(port), Some("rack-a"));
@@ -213,6 +233,33 @@ fn a_query_server_runs_its_heavy_scans_on_ballista() {
         assert_eq!(sql_as(query.addr, TEAM_A, join)["rows"], once, "{join}");
     }
 
+    // A query past the query server's timeout is cancelled on the cluster: its tasks
+    // stop and give the executors back (left running, they would hold every task slot
+    // the next queries wait for). Endless: three-way self-join per GPU. The timeout
+    // leaves room for a slow submission on a loaded machine.
+    let quick = start_query_with(
+        dir.path(),
+        "bquick",
+        port,
+        &format!(
+            "[query]\ntimeout = \"15s\"\n[query.ballista]\nscheduler = \"df://127.0.0.1:{sched_port}\"\nmin_scan_bytes = 0\nfallback_local = false\n"
+        ),
+    );
+    let endless = "SELECT count(*) AS n FROM gpu_samples a JOIN gpu_samples b ON a.gpu_uuid = b.gpu_uuid \
+                   JOIN gpu_samples c ON b.gpu_uuid = c.gpu_uuid";
+    let (status, body) = try_sql(quick.addr, endless);
+    assert_eq!((status, body["code"].as_str()), (504, Some("timeout")), "{body}");
+    let log = |name: &str| std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
+    poll("the timed-out query's job to be cancelled on the cluster", Duration::from_secs(30), || {
+        let (query, scheduler) = (log("bquick"), log("scheduler"));
+        let executors = log("executor-1") + &log("executor-2");
+        (query.contains("cancelled a cluster job")
+            && scheduler.contains("Received cancellation request for job")
+            && executors.contains("Cancelling tasks for"))
+        .then_some(())
+    });
+    drop(quick);
+
     // An executor killed while a query runs: the whole answer or a clear error.
     let heavy = "SELECT count(*) AS n FROM gpu_samples a JOIN gpu_samples b ON a.gpu_uuid = b.gpu_uuid AND a.sm_active >= b.sm_active";
     let whole = rows(single.addr, heavy);
@@ -221,15 +268,19 @@ fn a_query_server_runs_its_heavy_scans_on_ballista() {
     std::thread::sleep(Duration::from_millis(300));
     e2.kill9();
     let (status, body) = running.join().expect("query thread");
+    eprintln!("the query the kill hit: {status} {}", body["code"]);
     match status {
         200 => assert_eq!(body["rows"], whole, "a whole answer"),
         _ => assert_clear_error(status, &body),
     }
     // Whatever the cluster does while it notices, no answer is ever partial; once the
-    // lost executor is expired, the remaining one answers.
+    // lost executor is expired (4 s), the remaining one answers. A query caught in
+    // that may wait out the query server's timeout (60 s) once.
     let mut whole_in_a_row = 0;
-    poll("the cluster to answer with one executor", Duration::from_secs(90), || {
+    let started = std::time::Instant::now();
+    poll("the cluster to answer with one executor", Duration::from_secs(150), || {
         let (status, body) = try_sql(query.addr, SAME[0]);
+        eprintln!("after the kill, {:?}: {status} {}", started.elapsed(), body["code"]);
         if status == 200 {
             assert_eq!(body["rows"], expected[0], "never a partial answer");
             whole_in_a_row += 1;
