@@ -74,6 +74,29 @@ pub struct FileConfig {
     pub otlp: crate::otlp::OtlpSection,
 }
 
+/// The collector this host ships to. `list` is one URL, or several separated by commas:
+/// the collectors of a sharded fleet (a StatefulSet's pods), of which each host takes
+/// the one its name ranks highest (rendezvous hashing). So a host always ships to the
+/// same shard, and a collector added or removed moves only the hosts it wins or
+/// held. FNV-1a with MurmurHash3's finalizer (so URLs that differ in one character
+/// still score independently): the same choice in every build.
+fn pick_collector(list: &str, hostname: &str) -> Result<String, ConfigError> {
+    let urls: Vec<&str> = list.split(',').map(str::trim).collect();
+    if let Some(url) = urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
+        return Err(invalid("agent.collector", *url, "an http:// or https:// URL (several: separated by commas)"));
+    }
+    let score = |url: &str| {
+        let key = format!("{hostname}\n{}", url.trim_end_matches('/'));
+        let h =
+            key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    };
+    let best = urls.iter().max_by_key(|u| (score(u), **u)).copied().unwrap_or_default();
+    Ok(best.to_owned())
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
@@ -461,10 +484,10 @@ impl FileConfig {
             Some(c) => Some(ClusterName::new(c.clone()).map_err(|e| invalid("agent.cluster", c, e.to_string()))?),
             None => None,
         };
-        let collector = o.collector.or(a.collector);
-        if let Some(url) = collector.as_ref().filter(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
-            return Err(invalid("agent.collector", url, "an http:// or https:// URL"));
-        }
+        let collector = match o.collector.or(a.collector) {
+            Some(list) => Some(pick_collector(&list, hostname.as_str())?),
+            None => None,
+        };
         let shipper = self.shipper.resolve(collector.as_deref(), o.collector_token, hostname.as_str())?;
         let http = HttpConfig::resolve(o.web_config_file.or(a.web_config_file), a.tls)?;
         let otlp = self.otlp.resolve()?;
@@ -524,6 +547,33 @@ mod tests {
 
     fn resolve(text: &str) -> Result<AgentConfig, ConfigError> {
         FileConfig::parse(text, Path::new("agent.toml"))?.resolve(Overrides::default(), "node-1")
+    }
+
+    #[test]
+    fn a_host_takes_one_collector_of_a_list_and_keeps_it() {
+        let urls: Vec<String> = (0..4).map(|i| format!("http://apron-{i}.apron-collectors:9402")).collect();
+        let hosts: Vec<String> = (0..2000).map(|i| format!("gpu-node-{i:04}")).collect();
+        let pick = |urls: &[String], host: &str| pick_collector(&urls.join(", "), host).expect("valid");
+        let mut counts = std::collections::HashMap::new();
+        for h in &hosts {
+            *counts.entry(pick(&urls, h)).or_insert(0) += 1;
+        }
+        // Spread: each of four takes about a quarter.
+        assert_eq!(counts.len(), 4);
+        assert!(counts.values().all(|&n| (400..=600).contains(&n)), "{counts:?}");
+        // The list's order does not matter; a collector removed moves only its hosts.
+        let reversed: Vec<String> = urls.iter().rev().cloned().collect();
+        let fewer = &urls[..3];
+        for h in &hosts {
+            let before = pick(&urls, h);
+            assert_eq!(pick(&reversed, h), before);
+            if before != urls[3] {
+                assert_eq!(pick(fewer, h), before, "{h} moved");
+            }
+        }
+        assert_eq!(pick_collector("http://only:9402", "h").expect("one"), "http://only:9402");
+        let e = pick_collector("http://a:9402,apron-1:9402", "h").expect_err("no scheme").to_string();
+        assert!(e.contains("apron-1:9402"), "{e}");
     }
 
     #[test]

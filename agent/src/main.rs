@@ -29,7 +29,8 @@ struct Args {
     /// node_exporter's --web.config.file.
     #[arg(long, env = "APRON_WEB_CONFIG_FILE", alias = "web.config.file")]
     web_config_file: Option<PathBuf>,
-    /// Collector URL to ship windows to.
+    /// Collector URL to ship windows to; several, separated by commas: the sharded
+    /// collectors, of which this host takes one by its name.
     #[arg(long, env = "APRON_COLLECTOR")]
     collector: Option<String>,
     /// Bearer token for the collector's ingest API (wins over shipper.token_file and

@@ -62,6 +62,26 @@ pub struct ObjectStoreConfig {
     pub shard: Option<ShardName>,
 }
 
+/// Keys read from outside the file (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, which
+/// the binaries read), so that a ConfigMap or a unit's config holds no secret.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+}
+
+impl ObjectStoreConfig {
+    /// Fills the keys the file leaves out from `c`: the file's win.
+    pub fn fill_credentials(&mut self, c: &Credentials) {
+        if self.access_key_id.is_none() {
+            self.access_key_id.clone_from(&c.access_key_id);
+        }
+        if self.secret_access_key.is_none() {
+            self.secret_access_key.clone_from(&c.secret_access_key);
+        }
+    }
+}
+
 /// S3's smallest part (all but the last).
 pub const MIN_PART_BYTES: usize = 5 << 20;
 

@@ -229,6 +229,11 @@ pub struct Overrides {
     pub sql_token: Option<String>,
     /// The PostgreSQL listen address (`APRON_PG`).
     pub pg_listen: Option<String>,
+    /// A collector's shard (`APRON_SHARD`, e.g. a StatefulSet pod's name), over
+    /// `[cluster] shard`.
+    pub shard: Option<String>,
+    /// The bucket's keys where `[storage.object_store]` leaves them out.
+    pub credentials: apron_collector::storage::Credentials,
 }
 
 /// The PostgreSQL listener: address, users, TLS and its connection limits (the SQL
@@ -382,6 +387,12 @@ impl FileConfig {
             .map(|c| String::from_utf8_lossy(&c.token).into_owned())
             .collect();
         let mut store = self.storage;
+        if let Some(os) = store.object_store.as_mut() {
+            os.fill_credentials(&o.credentials);
+        }
+        if let Some(shard) = o.shard {
+            self.cluster.shard = Some(shard);
+        }
         let cluster = self.cluster.resolve(&mut store)?;
         let query_server = matches!(cluster, crate::cluster::Cluster::Query { .. });
         if tokens.is_empty() && !query_server {
@@ -638,6 +649,38 @@ mod tests {
         .expect("valid");
         let pg = c.pg.expect("pg");
         assert_eq!((pg.max_connections, pg.auth_timeout), (256, Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn the_shard_and_the_buckets_keys_come_from_outside_the_file() {
+        let tok = "[ingest]\ntokens = [\"0123456789abcdef\"]\n";
+        let lake = "[storage.object_store]\nurl = \"s3://lake\"\n[cluster]\nrole = \"collector\"\n";
+        let keys = apron_collector::storage::Credentials {
+            access_key_id: Some("from-env".into()),
+            secret_access_key: Some("secret-from-env".into()),
+        };
+        let o = || Overrides { shard: Some("apron-1".into()), credentials: keys.clone(), ..Default::default() };
+        let c = resolve(&format!("{tok}{lake}"), o()).expect("valid");
+        assert!(matches!(&c.cluster, crate::cluster::Cluster::Collector { shard, .. } if shard.as_str() == "apron-1"));
+        let os = c.store.object_store.expect("lake");
+        assert_eq!(
+            (os.access_key_id.as_deref(), os.secret_access_key.as_deref()),
+            (Some("from-env"), Some("secret-from-env"))
+        );
+        // The file's keys and shard? The override's shard wins (one file for every pod);
+        // the file's keys win over the environment's.
+        let text = format!("{tok}{lake}shard = \"rack-a\"\n")
+            .replace("url = \"s3://lake\"\n", "url = \"s3://lake\"\naccess_key_id = \"in-file\"\n");
+        let c = resolve(&text, o()).expect("valid");
+        assert!(matches!(&c.cluster, crate::cluster::Cluster::Collector { shard, .. } if shard.as_str() == "apron-1"));
+        let os = c.store.object_store.expect("lake");
+        assert_eq!(
+            (os.access_key_id.as_deref(), os.secret_access_key.as_deref()),
+            (Some("in-file"), Some("secret-from-env"))
+        );
+        // A shard for a server that is no collector is refused, as in the file.
+        let e = resolve(tok, o()).expect_err("no collector").to_string();
+        assert!(e.contains("shard") && e.contains("collector"), "{e}");
     }
 
     #[test]

@@ -86,6 +86,10 @@ enum Command {
         /// PostgreSQL wire address (overrides pg.listen; the port opens only with [pg] users).
         #[arg(long, env = "APRON_PG")]
         pg: Option<String>,
+        /// A collector's shard (overrides cluster.shard): a StatefulSet gives each pod
+        /// its name.
+        #[arg(long, env = "APRON_SHARD")]
+        shard: Option<String>,
     },
     /// One read-only SQL query, against a running server or straight on a data directory.
     Sql {
@@ -271,13 +275,20 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::Sql { query, format, server, data, token } => {
             rt.block_on(sql_command(query, format, server, data, token))
         }
-        Command::Serve { trace: _, config, http, data, ingest_token, sql_token, pg } => {
+        Command::Serve { trace: _, config, http, data, ingest_token, sql_token, pg, shard } => {
             let file = match &config {
                 Some(path) => FileConfig::load(path)?,
                 None => FileConfig::default(),
             };
-            let config =
-                file.resolve(Overrides { listen: http, data_dir: data, ingest_token, sql_token, pg_listen: pg })?;
+            let config = file.resolve(Overrides {
+                listen: http,
+                data_dir: data,
+                ingest_token,
+                sql_token,
+                pg_listen: pg,
+                shard,
+                credentials: bucket_credentials(),
+            })?;
             rt.block_on(async move {
                 // A deep accept queue: a burst of connections must not crowd out probes.
                 let listener = apron_http::serve::bind(config.listen)
@@ -816,6 +827,16 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+/// The bucket's keys from the environment, for a `[storage.object_store]` that leaves
+/// them out (a Kubernetes Secret or a unit's credentials, never the config file).
+fn bucket_credentials() -> apron_collector::storage::Credentials {
+    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    apron_collector::storage::Credentials {
+        access_key_id: var("AWS_ACCESS_KEY_ID"),
+        secret_access_key: var("AWS_SECRET_ACCESS_KEY"),
+    }
+}
+
 /// `apron ballista scheduler|executor`: the lake and the query limits from the config
 /// file, the rest from flags.
 async fn ballista_command(role: BallistaRole) -> anyhow::Result<()> {
@@ -826,13 +847,24 @@ async fn ballista_command(role: BallistaRole) -> anyhow::Result<()> {
         };
         // Only the lake and the limits: a Ballista node has no listeners or tokens of
         // Apron's (the same file as the query servers' is fine).
-        Ok(apron::ballista::NodeConfig { object_store: file.storage.object_store, query: file.query })
+        let mut object_store = file.storage.object_store;
+        if let Some(os) = object_store.as_mut() {
+            os.fill_credentials(&bucket_credentials());
+        }
+        Ok(apron::ballista::NodeConfig { object_store, query: file.query })
     };
     match role {
         BallistaRole::Scheduler { config, options } => {
             let node = node(config)?;
+            // Registered before the scheduler starts, so an early SIGTERM is a clean stop
+            // too (the executor handles its own: it drains its tasks first). Jobs in
+            // flight fail; their query servers run them themselves or answer 503.
+            let shutdown = apron_http::serve::shutdown_signal();
             println!("ballista scheduler on {}", options.bind);
-            apron::ballista::run_scheduler(node, options).await?;
+            tokio::select! {
+                ran = apron::ballista::run_scheduler(node, options) => ran?,
+                () = shutdown => tracing::info!("ballista scheduler stopped"),
+            }
         }
         BallistaRole::Executor { config, options } => {
             let node = node(config)?;

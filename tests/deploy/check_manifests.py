@@ -188,9 +188,10 @@ class Refs:
         where = f"container {c['name']}"
         ports = {p.get("name") for p in c.get("ports", [])}
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            http = c.get(probe, {}).get("httpGet")
-            if http and isinstance(http["port"], str) and http["port"] not in ports:
-                self.bad(obj, f"{where}: {probe} names port {http['port']!r}, which it does not declare")
+            for action in ("httpGet", "tcpSocket"):
+                target = c.get(probe, {}).get(action)
+                if target and isinstance(target["port"], str) and target["port"] not in ports:
+                    self.bad(obj, f"{where}: {probe} names port {target['port']!r}, which it does not declare")
         for env in c.get("env", []):
             ref = env.get("valueFrom", {}).get("secretKeyRef")
             if ref:

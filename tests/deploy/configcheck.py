@@ -16,7 +16,15 @@ A config passes when every absolute path in it lies on something the deployment
 provides, its listen port is the one the manifest or the contract names, the binary
 starts ("listening on ADDR" on stdout), GET /healthz answers 200, and SIGTERM stops it
 with status 0. The agent runs with APRON_SOURCE=sim (no GPU here); everything else in
-its file is parsed and resolved as written. Binaries: $APRON_BIN, $APRON_AGENT_BIN.
+its file is parsed and resolved as written. A config with [storage.object_store] gets
+a bucket of its own (s3s-fs, $APRON_S3S_FS or ~/.cache/apron-tools/bin/s3s-fs, with
+the container's AWS_* keys) at the endpoint it names, or in front of S3's.
+
+`apron ballista scheduler|executor` containers (overlays/cluster) have no HTTP port:
+each scheduler starts first and must accept connections on its --bind port, then each
+executor is started against it and must accept them on its --bind port; SIGTERM must
+stop each with status 0. Their ports must be ones the container declares (and its
+probes use). Binaries: $APRON_BIN, $APRON_AGENT_BIN.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import base64
 import json
 import os
 import shlex
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -83,8 +93,9 @@ def absolute_paths(value, key: str = ""):
         yield key, value
 
 
-def rewrite_config(root: Root, config_path: str, label: str) -> dict:
-    """Checks that every path of the config is provided and points it into the root."""
+def rewrite_config(root: Root, config_path: str, label: str, only: tuple[str, ...] = ()) -> dict:
+    """Checks that every path of the config is provided and points it into the root;
+    with `only`, the paths of those sections (what the binary reads of the file)."""
     target = root.map(config_path)
     if not target.is_file():
         raise Failure(f"{label}: config {config_path} is not provided by any mount")
@@ -94,6 +105,8 @@ def rewrite_config(root: Root, config_path: str, label: str) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise Failure(f"{label}: {config_path}: not TOML: {e}") from e
     for key, path in absolute_paths(doc):
+        if only and not key.startswith(only):
+            continue
         if not root.covers(path):
             raise Failure(f"{label}: {config_path}: `{key}` = {path!r} lies on nothing the deployment provides")
         quoted = json.dumps(path)
@@ -102,6 +115,89 @@ def rewrite_config(root: Root, config_path: str, label: str) -> dict:
         text = text.replace(quoted, json.dumps(str(root.map(path))))
     target.write_text(text, encoding="utf-8")
     return doc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def s3s_fs() -> str:
+    candidates = [os.environ.get("APRON_S3S_FS", ""), str(Path.home() / ".cache/apron-tools/bin/s3s-fs")]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    raise Failure(f"s3s-fs not found ({' or '.join(c for c in candidates if c)}): scripts/install-test-tools.sh")
+
+
+class Bucket:
+    """s3s-fs serving the bucket a config's [storage.object_store] names, at an endpoint
+    the config is pointed at (its text rewritten), with the container's keys."""
+
+    def __init__(self, root: Root, config: Path, doc: dict, env: dict[str, str], label: str):
+        self.proc = None
+        store = doc.get("storage", {}).get("object_store")
+        if store is None:
+            return
+        bucket = store["url"].removeprefix("s3://").split("/", 1)[0]
+        key = store.get("access_key_id") or env.get("AWS_ACCESS_KEY_ID")
+        secret = store.get("secret_access_key") or env.get("AWS_SECRET_ACCESS_KEY")
+        if not (key and secret):
+            raise Failure(f"{label}: [storage.object_store] has no keys in the file or AWS_* in the environment")
+        data = root.base / "s3"
+        (data / bucket).mkdir(parents=True)
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [s3s_fs(), "--host", "127.0.0.1", "--port", str(port), "--access-key", key, "--secret-key", secret,
+             str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(port, self.proc, f"{label}: s3s-fs")
+        endpoint = json.dumps(f"http://127.0.0.1:{port}")
+        text = config.read_text(encoding="utf-8")
+        if "endpoint" in store:
+            text = text.replace(json.dumps(store["endpoint"]), endpoint)
+            added = ""
+        else:
+            added = f"endpoint = {endpoint}\n"
+        if "allow_http" in store:
+            text = re.sub(r"(?m)^allow_http\s*=\s*false", "allow_http = true", text)
+        else:
+            added += "allow_http = true\n"
+        text = re.sub(r"(?m)^\[storage\.object_store\]\s*$", lambda m: m.group(0) + "\n" + added, text, count=1)
+        config.write_text(text, encoding="utf-8")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def check_published(root: Root, doc: dict, label: str) -> None:
+    """A collector that stopped cleanly has written its shard's status to the bucket."""
+    if doc.get("cluster", {}).get("role") != "collector":
+        return
+    url = doc["storage"]["object_store"]["url"].removeprefix("s3://").rstrip("/")
+    statuses = list((root.base / "s3" / url / "_apron" / "shards").glob("*.json"))
+    if not statuses:
+        raise Failure(f"{label}: stopped without writing its shard's status to the bucket")
+    print(f"ok   {label}: wrote {statuses[0].name} to the bucket")
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, label: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-15:] if log else []
+            raise Failure(f"{label}: exited with status {proc.returncode} before accepting connections\n    "
+                          + "\n    ".join(tail))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise Failure(f"{label}: nothing accepts connections on port {port} after {START_TIMEOUT_S} s")
+        time.sleep(0.1)
 
 
 def listen_port(doc: dict, binary: str) -> int | None:
@@ -188,6 +284,7 @@ def check_k8s(rendered: str) -> int:
         objs = [d for d in yaml.safe_load_all(f) if d]
     index = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objs}
     checked = 0
+    nodes: list[BallistaNode] = []
     for obj in objs:
         if obj["kind"] not in ("DaemonSet", "StatefulSet", "Deployment"):
             continue
@@ -201,13 +298,20 @@ def check_k8s(rendered: str) -> int:
             if binary not in exes:
                 continue
             label = f"{obj['kind']}/{obj['metadata']['name']} container {c['name']} ({binary})"
+            if c.get("command"):
+                raise Failure(f"{label}: sets `command`; the image's entrypoint is the binary")
+            env = container_env(c, ns, index, label)
+            args = expand(list(c.get("args", [])), env)
+            if binary == "apron" and args[:1] == ["ballista"]:
+                def layout(root: Root, c=c, ns=ns, volumes=volumes) -> None:
+                    for m in c.get("volumeMounts", []):
+                        lay_out_mount(root, m, volumes[m["name"]], ns, index)
+                nodes.append(BallistaNode(label, c, args, env, layout))
+                continue
             with tempfile.TemporaryDirectory(prefix="apron-configcheck-") as tmp:
                 root = Root(Path(tmp))
                 for m in c.get("volumeMounts", []):
                     lay_out_mount(root, m, volumes[m["name"]], ns, index)
-                if c.get("command"):
-                    raise Failure(f"{label}: sets `command`; the image's entrypoint is the binary")
-                args = list(c.get("args", []))
                 doc = {}
                 if "--config" in args:
                     i = args.index("--config") + 1
@@ -223,22 +327,157 @@ def check_k8s(rendered: str) -> int:
                         raise Failure(f"{label}: a probe targets port {number}, the config listens on {port}")
                     if number != CONTRACT_PORT[binary]:
                         raise Failure(f"{label}: port {number} is not the contract's {CONTRACT_PORT[binary]}")
-                env = {}
-                for e in c.get("env", []):
-                    if "value" in e:
-                        env[e["name"]] = e["value"]
-                    elif "fieldRef" in e.get("valueFrom", {}):
-                        env[e["name"]] = "configcheck-node"
-                    elif "secretKeyRef" in e.get("valueFrom", {}):
-                        ref = e["valueFrom"]["secretKeyRef"]
-                        env[e["name"]] = secret_data(index.get(("Secret", ns, ref["name"])), ref["key"]).decode()
-                    else:
-                        raise Failure(f"{label}: env {e['name']}: unsupported source {e.get('valueFrom')}")
-                run(binary, exes[binary], args, env, root, label)
+                bucket = Bucket(root, root.map(c["args"][c["args"].index("--config") + 1]), doc, env, label) \
+                    if doc else None
+                try:
+                    run(binary, exes[binary], args, env, root, label)
+                    check_published(root, doc, label)
+                finally:
+                    if bucket:
+                        bucket.close()
                 checked += 1
+    checked += check_ballista(nodes, exes["apron"])
     if not checked:
         raise Failure(f"{rendered}: no apron or apron-agent container")
     return checked
+
+
+def container_env(c: dict, ns: str, index: dict, label: str) -> dict[str, str]:
+    env = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "fieldRef" in e.get("valueFrom", {}):
+            env[e["name"]] = "configcheck-node"
+        elif "secretKeyRef" in e.get("valueFrom", {}):
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = secret_data(index.get(("Secret", ns, ref["name"])), ref["key"]).decode()
+        else:
+            raise Failure(f"{label}: env {e['name']}: unsupported source {e.get('valueFrom')}")
+    return env
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """`$(NAME)` in an argument is the container's variable, as the kubelet expands it."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
+
+
+# ───────────────────────────── Ballista ─────────────────────────────
+
+class BallistaNode:
+    """An `apron ballista …` container, laid out and started on loopback ports."""
+
+    def __init__(self, label, c, args, env, layout):
+        """`c`: the container (its ports and probes are checked), or None for a unit;
+        `layout(root)` lays out what the process sees."""
+        self.label, self.c, self.args, self.env, self.layout = label, c, args, env, layout
+        self.role = args[1] if len(args) > 1 else ""
+        if self.role not in ("scheduler", "executor"):
+            raise Failure(f"{label}: `ballista {self.role}`: expected scheduler or executor")
+        self.proc: subprocess.Popen | None = None
+        self.tmp = tempfile.TemporaryDirectory(prefix="apron-configcheck-")
+        self.port = 0
+
+    def flag(self, name: str) -> str | None:
+        return self.args[self.args.index(name) + 1] if name in self.args else None
+
+    def set_flag(self, args: list[str], name: str, value: str) -> None:
+        if name in args:
+            args[args.index(name) + 1] = value
+        else:
+            args += [name, value]
+
+    def declared(self) -> dict:
+        return {p.get("name"): p["containerPort"] for p in self.c.get("ports", [])}
+
+    def check_ports(self) -> None:
+        ports = self.declared()
+        bind = self.flag("--bind")
+        if bind is None:
+            raise Failure(f"{self.label}: no --bind: the default is loopback only")
+        port = int(bind.rsplit(":", 1)[1])
+        if port not in ports.values():
+            raise Failure(f"{self.label}: --bind {bind}: port {port} is not a port the container declares")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            tcp = self.c.get(probe, {}).get("tcpSocket")
+            if tcp and ports.get(tcp["port"], tcp["port"]) != port:
+                raise Failure(f"{self.label}: {probe} checks port {tcp['port']}, the node listens on {port}")
+        grpc = self.flag("--grpc-port")
+        if grpc is not None and int(grpc) not in ports.values():
+            raise Failure(f"{self.label}: --grpc-port {grpc} is not a port the container declares")
+
+    def start(self, exe: str, scheduler_port: int | None) -> None:
+        if self.c is not None:
+            self.check_ports()
+        root = Root(Path(self.tmp.name))
+        self.layout(root)
+        args = list(self.args)
+        for i, a in enumerate(args):
+            if a.startswith("/"):
+                if not root.covers(a):
+                    raise Failure(f"{self.label}: {a} lies on nothing the deployment provides")
+                if i > 0 and args[i - 1] == "--config":
+                    # A Ballista node reads only these sections of the query servers' file.
+                    rewrite_config(root, a, self.label, only=("storage.object_store.", "query."))
+                args[i] = str(root.map(a))
+        self.port = free_port()
+        self.set_flag(args, "--bind", f"127.0.0.1:{self.port}")
+        self.set_flag(args, "--external-host", "127.0.0.1")
+        if self.role == "executor":
+            if scheduler_port is None:
+                raise Failure(f"{self.label}: an executor, and no scheduler in the deployment")
+            self.set_flag(args, "--scheduler", f"df://127.0.0.1:{scheduler_port}")
+            self.set_flag(args, "--grpc-port", str(free_port()))
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(root.base), "NO_COLOR": "1", **self.env}
+        self.log = root.base / "stderr.log"
+        with open(self.log, "wb") as stderr:
+            self.proc = subprocess.Popen([exe, *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                                         stdin=subprocess.DEVNULL, cwd=root.base)
+        wait_for_port(self.port, self.proc, self.label, self.log)
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"{self.label}: still running {STOP_TIMEOUT_S} s after SIGTERM") from None
+        if code != 0:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-15:]
+            raise Failure(f"{self.label}: exited with status {code} after SIGTERM\n    " + "\n    ".join(tail))
+        print(f"ok   {self.label}: accepted connections, stopped cleanly")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.tmp.cleanup()
+
+
+def check_ballista(nodes: list[BallistaNode], exe: str) -> int:
+    """The schedulers first (each executor is started against the first one), then the
+    executors one by one; the schedulers are stopped last."""
+    schedulers = [n for n in nodes if n.role == "scheduler"]
+    executors = [n for n in nodes if n.role == "executor"]
+    if executors and not schedulers:
+        # A unit on its own: a scheduler on the executor's file stands in for its cluster's.
+        e = executors[0]
+        config = e.flag("--config")
+        args = ["ballista", "scheduler"] + (["--config", config] if config else [])
+        schedulers.append(BallistaNode(f"{e.label}: its scheduler", None, args, e.env, e.layout))
+        nodes = nodes + schedulers
+    try:
+        for n in schedulers:
+            n.start(exe, None)
+        for n in executors:
+            n.start(exe, schedulers[0].port if schedulers else None)
+            n.stop()
+        for n in schedulers:
+            n.stop()
+    finally:
+        for n in nodes:
+            n.close()
+    return len(nodes)
 
 
 def lay_out_mount(root: Root, mount: dict, volume: dict, ns: str, index: dict) -> None:
@@ -294,8 +533,8 @@ def check_systemd(unit_file: str, config_dir: str) -> int:
     if binary not in exes:
         raise Failure(f"{unit}: ExecStart runs {argv[0]}, neither apron nor apron-agent")
     label = f"{unit.name} ({binary})"
-    with tempfile.TemporaryDirectory(prefix="apron-configcheck-") as tmp:
-        root = Root(Path(tmp))
+
+    def layout(root: Root) -> None:
         conf = root.provide("/etc/apron")
         conf.mkdir(parents=True)
         for f in Path(config_dir).glob("*.toml"):
@@ -306,6 +545,16 @@ def check_systemd(unit_file: str, config_dir: str) -> int:
             root.write(f"/run/credentials/{unit.name}/{ident}", PLACEHOLDER_TOKEN.encode())
         for state in " ".join(s.get("StateDirectory", [])).split():
             root.provide(f"/var/lib/{state}").mkdir(parents=True, exist_ok=True)
+
+    if argv[1:2] == ["ballista"]:
+        # `%H` (the host's name) as systemd expands it; the bucket's keys as an
+        # EnvironmentFile= would give them.
+        args = [a.replace("%H", "configcheck-host") for a in argv[1:]]
+        env = {"AWS_ACCESS_KEY_ID": PLACEHOLDER_TOKEN, "AWS_SECRET_ACCESS_KEY": PLACEHOLDER_TOKEN}
+        return check_ballista([BallistaNode(label, None, args, env, layout)], exes[binary])
+    with tempfile.TemporaryDirectory(prefix="apron-configcheck-") as tmp:
+        root = Root(Path(tmp))
+        layout(root)
         args = argv[1:]
         doc = {}
         if "--config" in args:

@@ -11,11 +11,12 @@
 # and agent's ConfigMaps are then run by the real binaries in the layout the pod would
 # see (configcheck.py).
 # systemd (deploy/systemd): `systemd-analyze verify` and `security --offline` on every
-# unit, and the binaries on the configs the units name.
+# unit, and the binaries on the configs the units name. Configs with a bucket get one
+# (s3s-fs); Ballista nodes are started against a scheduler of their own.
 # Canaries: each checker is fed one broken input and must reject it, so a checker that
 # stopped checking cannot pass everything.
 #
-# Environment: APRON_BIN, APRON_AGENT_BIN (default target/debug/…), APRON_KUBECTL
+# Environment: APRON_BIN, APRON_AGENT_BIN (default target/debug/…), APRON_S3S_FS, APRON_KUBECTL
 # (default: kubectl on PATH, else ~/.cache/apron-tools/bin/kubectl).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,9 +27,10 @@ here=$repo/tests/deploy
 # one: a field too new or an API already removed fails one of them.
 KUBE_VERSIONS=(1.28.0 1.33.0)
 # `systemd-analyze security` exposure in tenths, as --threshold takes it (0 = locked
-# down, 100 = nothing); the units score 12 and 23 with systemd 252. Over these, a
-# hardening line was lost.
-declare -A EXPOSURE_MAX=([apron.service]=20 [apron-agent.service]=30)
+# down, 100 = nothing); the units score 12 (apron, both Ballista units) and 23 (the
+# agent) with systemd 252. Over these, a hardening line was lost.
+declare -A EXPOSURE_MAX=([apron.service]=20 [apron-agent.service]=30
+  [apron-ballista-scheduler.service]=20 [apron-ballista-executor.service]=20)
 
 APRON_BIN=$(realpath -m "${APRON_BIN:-target/debug/apron}")
 APRON_AGENT_BIN=$(realpath -m "${APRON_AGENT_BIN:-target/debug/apron-agent}")
@@ -51,6 +53,8 @@ python3 -c 'import kubernetes_validate, jsonschema, yaml, tomllib' 2>/dev/null |
 command -v systemd-analyze >/dev/null || missing "systemd-analyze; $install_hint"
 command -v shellcheck >/dev/null || missing "shellcheck; $install_hint"
 [ -x "$APRON_BIN" ] || missing "no apron binary at $APRON_BIN: cargo build -p apron, or set APRON_BIN"
+s3s_fs=${APRON_S3S_FS:-$HOME/.cache/apron-tools/bin/s3s-fs}
+[ -x "$s3s_fs" ] || missing "s3s-fs (a bucket for the cluster configs): not at $s3s_fs; $install_hint"
 [ -x "$APRON_AGENT_BIN" ] || missing "no apron-agent binary at $APRON_AGENT_BIN: cargo build -p apron-agent, or set APRON_AGENT_BIN"
 
 work=$(mktemp -d)
@@ -80,8 +84,10 @@ shellcheck_self() {
 step "tests/deploy, the image and package scripts are shellcheck-clean" shellcheck_self
 
 # ── Kubernetes ─────────────────────────────────────────────────────────────────
-# The Secret base/ leaves to the operator (docs/deploy.md) and the keys it must hold.
-external_secret=apron-tokens=ingest-token,sql-token
+# The Secrets the manifests leave to the operator (docs/deploy.md) and the keys each
+# must hold: the tokens, and the bucket's keys (overlays/cluster).
+external_secrets=(--external-secret "apron-tokens=ingest-token,sql-token"
+  --external-secret "apron-lake=access-key-id,secret-access-key")
 
 render() {
   "$kubectl" kustomize "$1" >"$2"
@@ -110,7 +116,7 @@ for dir in "${kustomizations[@]}"; do
   step "$name: built-in kinds valid (strict, Kubernetes ${KUBE_VERSIONS[*]})" kube_validate "$out/core.yaml"
   step "$name: custom resources valid (strict schema)" python3 "$here/check_manifests.py" custom "$out/custom.yaml"
   step "$name: references and security floor" \
-    python3 "$here/check_manifests.py" refs "$out/rendered.yaml" --external-secret "$external_secret"
+    python3 "$here/check_manifests.py" refs "$out/rendered.yaml" "${external_secrets[@]}"
   step "$name: binaries start on the rendered config" python3 "$here/configcheck.py" k8s "$out/rendered.yaml"
 done
 
@@ -219,10 +225,14 @@ step "canary: a misspelt ServiceMonitor field is rejected" \
   rejects python3 "$here/check_manifests.py" custom "$canary/custom-typo.yaml"
 sed 's/^    port: metrics$/    port: metric/' "$canary/good.yaml" >"$canary/port.yaml"
 step "canary: a ServiceMonitor port no Service has is rejected" \
-  rejects python3 "$here/check_manifests.py" refs "$canary/port.yaml" --external-secret "$external_secret"
+  rejects python3 "$here/check_manifests.py" refs "$canary/port.yaml" "${external_secrets[@]}"
 sed 's/^\(    token_file\) = /\1s = /' "$canary/good.yaml" >"$canary/toml.yaml"
 step "canary: an unknown config key is rejected by the binaries" \
   rejects python3 "$here/configcheck.py" k8s "$canary/toml.yaml"
+render deploy/kubernetes/overlays/cluster "$canary/cluster.yaml"
+sed 's/- 0.0.0.0:50051$/- 0.0.0.0:50061/' "$canary/cluster.yaml" >"$canary/ballista-port.yaml"
+step "canary: a Ballista executor on a port its container does not declare is rejected" \
+  rejects python3 "$here/configcheck.py" k8s "$canary/ballista-port.yaml"
 mkdir -p "$canary/systemd"
 sed 's/^ProtectSystem=strict/ProtectSystem=strictly/' deploy/systemd/apron.service >"$canary/systemd/apron.service"
 step "canary: a bad systemd value is rejected" rejects systemd_verify "$canary/systemd/apron.service"
