@@ -301,8 +301,7 @@ fn a_query_server_runs_its_heavy_scans_on_ballista() {
     assert_eq!((status, body["code"].as_str()), (504, Some("timeout")), "{body}");
     poll("the timed-out query's job to be cancelled on the cluster", Duration::from_secs(30), || {
         let (scheduler, executor) = cancels();
-        (log("bquick").contains("cancelled a cluster job") && scheduler > before.0 && executor > before.1)
-            .then_some(())
+        (log("bquick").contains("cancelled a cluster job") && scheduler > before.0 && executor > before.1).then_some(())
     });
     drop(quick);
 
