@@ -519,6 +519,10 @@ pub fn node_session(config: SessionConfig, limits: &crate::QueryConfig, lake: Op
         .with_runtime_env(runtime)
         .with_default_features()
         .with_table_factories(HashMap::new())
+        // The scheduler plans each job's stages with this session: its joins yield as
+        // the query server's do, so a cancelled job's tasks stop on the executors
+        // (an executor aborts a task only at its next yield).
+        .with_physical_optimizer_rule(Arc::new(crate::guard::YieldInJoins))
         .build();
     crate::engine::register_functions(&mut state, limits)?;
     Ok(state)
