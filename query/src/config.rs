@@ -27,6 +27,12 @@ pub struct QueryConfig {
     /// `max_concurrent` (at least 1) — a principal alone keeps most of the capacity (a
     /// Grafana dashboard's panels run side by side) but never the last slot.
     pub max_concurrent_per_principal: usize,
+    /// How many one team may hold at once (also at most `max_concurrent_per_principal`).
+    /// 0 (the default): a quarter of `max_concurrent`, at least 1 — with the default 4
+    /// slots, three teams each running slow queries still leave a slot for a fourth
+    /// principal. Whatever the shares, a principal that already holds a slot never takes
+    /// the last free one ([`crate::slots`]).
+    pub max_concurrent_per_team: usize,
     /// Slots reserved for the server's own passes (ledger, rollups, alerts,
     /// recommendations, import), on top of `max_concurrent`: clients cannot starve them.
     /// Two by default: with one, the passes' queries took turns and an alert pass
@@ -77,6 +83,15 @@ impl QueryConfig {
             n => n.min(all),
         }
     }
+
+    /// The effective [`QueryConfig::max_concurrent_per_team`].
+    pub fn team_share(&self) -> usize {
+        let team = match self.max_concurrent_per_team {
+            0 => (self.max_concurrent.max(1) / 4).max(1),
+            n => n,
+        };
+        team.min(self.principal_share())
+    }
 }
 
 impl Default for QueryConfig {
@@ -86,6 +101,7 @@ impl Default for QueryConfig {
             memory_limit_bytes: 1 << 30,
             max_concurrent: 4,
             max_concurrent_per_principal: 0,
+            max_concurrent_per_team: 0,
             reserved_internal: 2,
             queue_timeout: Duration::from_secs(2),
             max_result_rows: 1_000_000,
@@ -115,6 +131,10 @@ mod tests {
         assert_eq!(QueryConfig::default().principal_share(), 3);
         let c = QueryConfig { max_concurrent: 4, max_concurrent_per_principal: 9, ..QueryConfig::default() };
         assert_eq!(c.principal_share(), 4);
+        assert_eq!(QueryConfig::default().team_share(), 1);
+        assert_eq!(QueryConfig { max_concurrent: 16, ..QueryConfig::default() }.team_share(), 4);
+        let c = QueryConfig { max_concurrent: 4, max_concurrent_per_team: 9, ..QueryConfig::default() };
+        assert_eq!(c.team_share(), 3, "never above the principal share");
         let err = serde_json::from_str::<QueryConfig>(r#"{"time_out": "1s"}"#).expect_err("unknown field");
         assert!(err.to_string().contains("unknown field"), "{err}");
         assert!(serde_json::from_str::<QueryConfig>(r#"{"timeout": "soon"}"#).is_err());

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //!  execute(sql)
-//!    slot: the principal's share (max_concurrent_per_principal), then one of
-//!          max_concurrent, wait ≤ queue_timeout ─────────────── else Busy (503)
+//!    slot: one of max_concurrent within the principal's share, never the last
+//!          free one while it holds one (crate::slots), wait ≤ queue_timeout ─ else Busy (503)
 //!          (the server's own passes: one of reserved_internal, waiting their turn,
 //!           planned for pass_partitions when set)
 //!    └─ timeout(query.timeout) ──────────────────────────────── else Timeout (504)
@@ -65,6 +65,7 @@ use crate::readonly;
 use crate::render::QueryResult;
 use crate::rollup::{self, RollupTable};
 use crate::scope::{self, Scope};
+use crate::slots::{Refusal, Slot, Slots};
 use crate::source::TableSource;
 use crate::tables::TABLES;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -78,13 +79,13 @@ use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 /// concurrently up to `max_concurrent`.
 pub struct QueryEngine {
     inner: Arc<Inner>,
-    /// Clients' slots (`max_concurrent`).
-    slots: Arc<Semaphore>,
+    /// Clients' slots (`max_concurrent`), shared fairly between principals.
+    slots: Slots,
     /// Slots only the server's own passes use (`reserved_internal`), so a client cannot
     /// starve the ledger, rollups, alerts or recommendations.
     internal_slots: Arc<Semaphore>,
-    /// Each principal's share of the clients' slots (`max_concurrent_per_principal`).
-    shares: std::sync::Mutex<HashMap<Scope, Arc<Semaphore>>>,
+    /// Renderings in progress ([`QueryEngine::render`]): as many as `max_concurrent`.
+    renders: Arc<Semaphore>,
     tables: Vec<&'static str>,
     runtime: ExecRuntime,
 }
@@ -108,6 +109,13 @@ struct Inner {
     /// `[query.ballista]` and the codec plans are shipped with.
     cluster: Option<(BallistaConfig, Arc<ApronCodec>)>,
     cluster_stats: DistributedStats,
+}
+
+/// A held query slot: a client's or one of the server's reserved ones.
+#[derive(Debug)]
+enum Permit {
+    Client(#[allow(dead_code, reason = "held for its drop")] Slot),
+    Internal(#[allow(dead_code, reason = "held for its drop")] OwnedSemaphorePermit),
 }
 
 /// The query runtime; shut down without blocking, since the engine may be dropped
@@ -206,7 +214,8 @@ impl QueryEngine {
             }
             None => None,
         };
-        let slots = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
+        let slots = Slots::new(&config);
+        let renders = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
         let internal_slots = Arc::new(Semaphore::new(config.reserved_internal.max(1)));
         Ok(QueryEngine {
             inner: Arc::new(Inner {
@@ -222,7 +231,7 @@ impl QueryEngine {
             }),
             slots,
             internal_slots,
-            shares: Default::default(),
+            renders,
             tables,
             runtime: ExecRuntime(Some(runtime)),
         })
@@ -273,7 +282,7 @@ impl QueryEngine {
 
     /// Queries holding a slot now (for a gauge; and for tests, to see a query started).
     pub fn running(&self) -> usize {
-        self.inner.config.max_concurrent.max(1).saturating_sub(self.slots.available_permits())
+        self.inner.config.max_concurrent.max(1).saturating_sub(self.slots.free())
     }
 
     /// The server's own passes' queries holding one of their reserved slots now.
@@ -357,41 +366,70 @@ impl QueryEngine {
         self.execute_capped(Request::sql(sql), None, scope, Caller::Client).await
     }
 
-    /// A slot for one query: a client first takes one of its principal's share, then
-    /// one of the shared slots; the server's passes take a reserved one.
-    async fn acquire(&self, scope: &Scope, caller: Caller) -> Result<Vec<OwnedSemaphorePermit>, QueryError> {
+    /// Renders a client's `result` in `format` (JSON with `members` after its rows) on a
+    /// blocking thread. A rendering is held whole to be sent and is several times its
+    /// Arrow batches, so it is bounded like the query: at most `max_concurrent` at once
+    /// (waiting up to `queue_timeout`, else [`QueryError::Busy`]) and never past
+    /// `max_result_bytes` of output ([`QueryError::ResultTooLarge`]). A server's worst
+    /// case for clients is therefore `max_concurrent × (memory_limit_bytes + 2 ×
+    /// max_result_bytes)`.
+    pub async fn render(
+        &self,
+        result: QueryResult,
+        format: crate::Format,
+        members: Vec<(&'static str, serde_json::Value)>,
+    ) -> Result<Vec<u8>, QueryError> {
         let config = &self.inner.config;
         let waiting = Instant::now();
-        let closed = || QueryError::Internal { detail: "the query slots were closed".into() };
+        let permit = match tokio::time::timeout(config.queue_timeout, self.renders.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return Err(QueryError::Internal { detail: "the render slots were closed".into() }),
+            Err(_) => {
+                let max_concurrent = config.max_concurrent.max(1);
+                return Err(QueryError::Busy { max_concurrent, waited: waiting.elapsed(), share: false });
+            }
+        };
+        let max_bytes = match config.max_result_bytes {
+            0 => u64::MAX,
+            n => n,
+        };
+        let rendered = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            result.render_limited(format, &members, max_bytes)
+        })
+        .await;
+        match rendered {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(crate::render::RenderError::TooLarge { max_bytes })) => {
+                Err(QueryError::ResultTooLarge { max_bytes })
+            }
+            Ok(Err(e)) => Err(QueryError::Internal { detail: e.to_string() }),
+            Err(e) => Err(QueryError::Internal { detail: format!("the render task failed: {e}") }),
+        }
+    }
+
+    /// A slot for one query: a client takes one of the clients' slots under the fair
+    /// share rules ([`crate::slots`]); the server's passes take a reserved one.
+    async fn acquire(&self, scope: &Scope, caller: Caller) -> Result<Permit, QueryError> {
+        let config = &self.inner.config;
+        let waiting = Instant::now();
         if caller == Caller::Server {
             // The server's passes wait their turn, never Busy and with no deadline of
             // their own: each query holding a slot ends within `timeout`, and a pass
             // that gave up behind a long one would only come back to the same queue.
             return match self.internal_slots.clone().acquire_owned().await {
-                Ok(p) => Ok(vec![p]),
-                Err(_) => Err(closed()),
+                Ok(p) => Ok(Permit::Internal(p)),
+                Err(_) => Err(QueryError::Internal { detail: "the query slots were closed".into() }),
             };
         }
-        let share = {
-            let mut shares = self.shares.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let per = config.principal_share();
-            shares.entry(scope.clone()).or_insert_with(|| Arc::new(Semaphore::new(per))).clone()
-        };
-        let busy = |share: bool| QueryError::Busy {
-            max_concurrent: if share { config.principal_share() } else { config.max_concurrent.max(1) },
-            waited: waiting.elapsed(),
-            share,
-        };
-        let mine = match tokio::time::timeout(config.queue_timeout, share.acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(closed()),
-            Err(_) => return Err(busy(true)),
-        };
-        let left = config.queue_timeout.saturating_sub(waiting.elapsed());
-        match tokio::time::timeout(left, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Ok(vec![mine, p]),
-            Ok(Err(_)) => Err(closed()),
-            Err(_) => Err(busy(false)),
+        match self.slots.acquire(scope, config.queue_timeout).await {
+            Ok(slot) => Ok(Permit::Client(slot)),
+            Err(Refusal::Share { share }) => {
+                Err(QueryError::Busy { max_concurrent: share, waited: waiting.elapsed(), share: true })
+            }
+            Err(Refusal::Full { max_concurrent }) => {
+                Err(QueryError::Busy { max_concurrent, waited: waiting.elapsed(), share: false })
+            }
         }
     }
 
@@ -592,6 +630,8 @@ impl Inner {
             .map_err(|e| QueryError::from_datafusion(e, self.config.memory_limit_bytes))?;
         let mut state =
             SessionStateBuilder::new_from_existing(self.scope_base(scope)?).with_runtime_env(runtime).build();
+        let budget = self.config.max_string_result_bytes.saturating_mul(2);
+        crate::funcs::Budget::install(state.config_mut().options_mut(), budget);
         // `now()` is the query's start, not the engine's (the base state was built once).
         let options = state.config_options().clone();
         state.execution_props_mut().mark_start_execution(options);

@@ -20,6 +20,15 @@
 //! evaluating the query on data — `Invalid`, `MemoryLimit`, `Source`, `Internal`, `Cluster` — carry
 //! no engine text at all: [`QueryError::opaque`] replaces it with the kind of failure and
 //! an error id that the server logs together with the full text.
+//!
+//! **Internal errors say nothing to anyone.** DataFusion's internal errors (a bug, an
+//! optimizer rule that failed) can quote the logical or physical plan — file paths,
+//! literals of the query, the plan of a scoped table. [`QueryError::from_datafusion`]
+//! logs such an error at `warn` under an error id (`an internal query error`) and keeps
+//! only "the query failed inside the server (error id …)" for every principal.
+//! The server's own passes and routes (recommendations, reports, remote read) answer
+//! their internal failures in the same way: [`QueryError::value_free_message`] and an
+//! error id, never their SQL (`apron::access::internal_error`).
 
 use std::time::Duration;
 
@@ -135,7 +144,8 @@ impl QueryError {
             }
             QueryError::Busy { share: false, .. } => "retry shortly; the limit is query.max_concurrent".to_owned(),
             QueryError::Busy { share: true, .. } => {
-                "retry when one of your queries has finished; the limit is query.max_concurrent_per_principal"
+                "retry when one of your queries has finished; the limit is query.max_concurrent_per_team for a \
+                 team, query.max_concurrent_per_principal for unscoped clients"
                     .to_owned()
             }
             QueryError::MemoryLimit { detail, .. } => detail.clone(),
@@ -179,18 +189,42 @@ impl QueryError {
     /// errors, the kind of failure and `error_id` instead of the engine's text (the
     /// caller logs the full error under the same id); other errors unchanged.
     pub fn opaque(self, error_id: &str) -> QueryError {
-        let see_log = |what: &str| format!("{what} (error id {error_id}; the server's log has the detail)");
+        let see_log = |what: &str| logged(what, error_id);
         match self {
             QueryError::Invalid { code, .. } => QueryError::Invalid { code, detail: see_log(describe(code)) },
             QueryError::MemoryLimit { limit_bytes, .. } => {
                 QueryError::MemoryLimit { limit_bytes, detail: see_log("the query needed more memory than its limit") }
             }
             QueryError::Source { .. } => QueryError::Source { detail: see_log("reading table data failed") },
+            // Already logged under its own id (from_datafusion): that id stays.
+            QueryError::Internal { detail } if detail.ends_with(LOGGED_SUFFIX) => QueryError::Internal { detail },
             QueryError::Internal { .. } => {
                 QueryError::Internal { detail: see_log("the query failed inside the server") }
             }
             QueryError::Cluster { .. } => QueryError::Cluster { detail: see_log("the query cluster failed") },
             other => other,
+        }
+    }
+
+    /// What this error was, in words that never hold engine text, SQL, a plan or a
+    /// value: the limit that was hit (with its setting's size), or the kind of failure.
+    /// For answers to requests whose query the server wrote itself (a recommendation
+    /// run, a report, remote read), where the query's text is not the client's.
+    pub fn value_free_message(&self) -> String {
+        match self {
+            QueryError::Timeout { .. }
+            | QueryError::TooManyRows { .. }
+            | QueryError::ResultTooLarge { .. }
+            | QueryError::Busy { .. }
+            | QueryError::MemoryLimit { .. } => self.to_string(),
+            QueryError::Syntax { .. } | QueryError::Plan { .. } | QueryError::ReadOnly { .. } => {
+                "the server's query was refused".to_owned()
+            }
+            QueryError::TooComplex { setting, .. } => format!("the server's query is too complex ({setting})"),
+            QueryError::Invalid { code, .. } => format!("the query failed: {}", describe(code)),
+            QueryError::Source { .. } => "reading table data failed".to_owned(),
+            QueryError::Internal { .. } => "the query failed inside the server".to_owned(),
+            QueryError::Cluster { .. } => "the query cluster failed the query".to_owned(),
         }
     }
 
@@ -223,9 +257,31 @@ impl QueryError {
             | DataFusionError::NotImplemented(_)
             | DataFusionError::Configuration(_) => QueryError::Plan { detail: text },
             DataFusionError::Execution(m) => QueryError::Invalid { code: execution_code(m), detail: text },
-            _ => QueryError::Internal { detail: text },
+            // An internal error may quote the plan (logical or physical): logged under
+            // an error id, never sent, whoever asked.
+            _ => {
+                let id = error_id();
+                tracing::warn!(error_id = %id, detail = %text, "an internal query error");
+                QueryError::Internal { detail: logged("the query failed inside the server", &id) }
+            }
         }
     }
+}
+
+/// `what (error id …; the server's log has the detail)`: the text of an error whose
+/// detail went to the log under `error_id`.
+pub fn logged(what: &str, error_id: &str) -> String {
+    format!("{what} (error id {error_id}{LOGGED_SUFFIX}")
+}
+
+const LOGGED_SUFFIX: &str = "; the server's log has the detail)";
+
+/// A short id that ties an answer to its log line (not a secret, just unique).
+pub fn error_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    format!("{:012x}", (nanos ^ N.fetch_add(1, Ordering::Relaxed).rotate_left(40)) & 0xffff_ffff_ffff)
 }
 
 impl From<SourceError> for QueryError {
@@ -507,6 +563,20 @@ mod tests {
         assert_eq!(QueryError::from_datafusion(re, lim).code(), "invalid_regex");
         let io = DataFusionError::IoError(std::io::Error::other("disk"));
         assert_eq!(QueryError::from_datafusion(io, lim).status(), 500);
+        // An internal error quoting the physical plan: logged, never sent.
+        let plan = DataFusionError::Internal(
+            "ProjectionExec: expr=[gpu_uuid@0] FilterExec: gpu_uuid@0 = GPU-hidden-team-b".into(),
+        );
+        let e = QueryError::from_datafusion(plan, lim);
+        let json = e.to_json().to_string();
+        assert_eq!((e.status(), e.code()), (500, "internal"));
+        assert!(!json.contains("GPU-hidden") && !json.contains("Exec") && json.contains("error id"), "{json}");
+        let id = e.detail();
+        assert_eq!(e.opaque("other").detail(), id, "the first id stays");
+        let v = QueryError::Invalid { code: "invalid_cast", detail: "Cannot cast 'secret'".into() };
+        assert!(!v.value_free_message().contains("secret"), "{}", v.value_free_message());
+        let t = QueryError::Timeout { timeout: Duration::from_secs(3) };
+        assert_eq!(t.value_free_message(), "query timed out after 3s");
         // A file replaced under a running query: retried by the engine.
         let gone = DataFusionError::ObjectStore(Box::new(datafusion::object_store::Error::NotFound {
             path: "/srv/data/x.parquet".into(),

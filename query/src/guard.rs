@@ -8,14 +8,13 @@
 //!   `OR` chain overflowed a thread's stack and aborted the whole process. The engine's
 //!   threads get stacks sized well past what the depth limit needs
 //!   ([`QUERY_THREAD_STACK_BYTES`]), so the check is the only thing that can refuse.
-//! - **Amplifying string functions** ([`capped_functions`]): `repeat`, `lpad`, `rpad`,
-//!   `replace`, `regexp_replace`, `overlay`, `concat`, `concat_ws` and the `||` operator
-//!   allocate their whole result at once, outside DataFusion's memory pool
-//!   (`repeat('x', 1e9)` is a 1 GB value). Each is replaced by a wrapper that computes
-//!   an upper bound of its result from its arguments *before* running it and refuses
-//!   past `[query] max_string_result_bytes` (per result array, i.e. per batch). Since
-//!   every step of a chain (`s || s` over CTE levels) is bounded, so is the chain.
-//!   Aggregates (`string_agg`, `array_agg`) are already counted by the memory pool.
+//! - **Functions that build variable-size values** ([`capped_functions`]): every
+//!   string, binary, list, map and struct function of the registry, the `||` operator
+//!   and the growing aggregates (`string_agg`, `array_agg`) allocate outside DataFusion's
+//!   memory pool (`repeat('x', 1e9)` is a 1 GB value, `array_repeat(1, 1e9)` 8 GB). Each
+//!   is bounded before it allocates and checked after, against `[query]
+//!   max_string_result_bytes` (per result array, i.e. per batch, and per aggregate
+//!   value): [`crate::funcs`]. Since every step of a chain is bounded, so is the chain.
 //! - **Joins that yield** ([`YieldInJoins`]): a nested-loop or cross join emits batch
 //!   after batch from its buffered side without polling its input, so nothing in the
 //!   task ever returned `Pending`: a timed-out (aborted) query went on computing on the
@@ -27,10 +26,9 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::kernels::concat_elements::concat_elements_dyn;
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, Result as DfResult, ScalarValue, exec_err};
@@ -38,8 +36,7 @@ use datafusion::execution::FunctionRegistry;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr};
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, Expr, ExprSchemable, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
-    Signature, Volatility,
+    ColumnarValue, Expr, ExprSchemable, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
@@ -199,204 +196,19 @@ impl PhysicalOptimizerRule for YieldInJoins {
     }
 }
 
-/// How a function's result size is bounded by its arguments (bytes of the whole result
-/// array; `rows` is the batch's row count, for scalar arguments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Bound {
-    /// `repeat(s, n)`: Σ len(s)·n.
-    Repeat,
-    /// `lpad/rpad(s, n [, fill])`: Σ 4·n (n characters of up to 4 bytes) + len(s).
-    Pad,
-    /// `replace(s, from, to)`, `regexp_replace(s, re, to [, flags])`: Σ (len(s)+1)·max(1, len(to)).
-    Replace { to: usize },
-    /// `concat`, `concat_ws`, `overlay`, `||`: Σ of every argument's bytes (+ the
-    /// separator once per argument for `concat_ws`).
-    Sum,
-}
-
-/// The functions wrapped, and how each is bounded.
-const CAPPED: &[(&str, Bound)] = &[
-    ("repeat", Bound::Repeat),
-    ("lpad", Bound::Pad),
-    ("rpad", Bound::Pad),
-    ("replace", Bound::Replace { to: 2 }),
-    ("regexp_replace", Bound::Replace { to: 2 }),
-    ("overlay", Bound::Sum),
-    ("concat", Bound::Sum),
-    ("concat_ws", Bound::Sum),
-];
-
 /// The name of the `||` function (a name SQL users will see only in `EXPLAIN`).
-const CONCAT_OP: &str = "apron_string_concat";
+pub(crate) const CONCAT_OP: &str = "apron_string_concat";
 
-/// Replaces the amplifying string functions of `state` with capped wrappers and plans
-/// `||` of two strings through a capped function. Functions the session does not have
-/// are skipped.
+/// Bounds every function of `state` that builds a variable-size value
+/// ([`crate::funcs`]) and plans `||` of two strings through a capped function.
 pub fn capped_functions(state: &mut SessionState, max_bytes: usize) -> DfResult<()> {
-    for (name, bound) in CAPPED {
-        let Ok(inner) = state.udf(name) else { continue };
-        let capped = Capped { inner: inner.as_ref().clone(), bound: *bound, max_bytes };
-        state.register_udf(Arc::new(ScalarUDF::new_from_impl(capped)))?;
-    }
+    crate::funcs::bound_functions(state, max_bytes)?;
     let op =
         Arc::new(ScalarUDF::new_from_impl(ConcatOp { signature: Signature::any(2, Volatility::Immutable), max_bytes }));
     // Also a function by name, so a plan shipped to a Ballista node finds it there.
     state.register_udf(op.clone())?;
     state.register_expr_planner(Arc::new(ConcatPlanner { op }))?;
     Ok(())
-}
-
-/// Bytes of one argument's values, row by row (a scalar counts for every row).
-fn value_bytes(v: &ColumnarValue, rows: usize) -> Vec<usize> {
-    match v {
-        ColumnarValue::Scalar(s) => vec![scalar_bytes(s); rows],
-        ColumnarValue::Array(a) => (0..a.len()).map(|i| array_value_bytes(a, i)).collect(),
-    }
-}
-
-fn scalar_bytes(s: &ScalarValue) -> usize {
-    match s {
-        ScalarValue::Utf8(Some(v)) | ScalarValue::LargeUtf8(Some(v)) | ScalarValue::Utf8View(Some(v)) => v.len(),
-        ScalarValue::Binary(Some(v)) | ScalarValue::LargeBinary(Some(v)) | ScalarValue::BinaryView(Some(v)) => v.len(),
-        // Numbers and other scalars render short.
-        _ => 32,
-    }
-}
-
-fn array_value_bytes(a: &ArrayRef, i: usize) -> usize {
-    if a.is_null(i) {
-        return 0;
-    }
-    match a.data_type() {
-        DataType::Utf8 => a.as_string::<i32>().value(i).len(),
-        DataType::LargeUtf8 => a.as_string::<i64>().value(i).len(),
-        DataType::Utf8View => a.as_string_view().value(i).len(),
-        _ => 32,
-    }
-}
-
-/// Bytes of all of one argument's values together, without a per-row pass where the
-/// array's offsets say it (`||` and `concat` run on every batch of their input).
-fn total_bytes(v: &ColumnarValue, rows: usize) -> u128 {
-    match v {
-        ColumnarValue::Scalar(s) => scalar_bytes(s) as u128 * rows as u128,
-        ColumnarValue::Array(a) => match a.data_type() {
-            DataType::Utf8 => {
-                let o = a.as_string::<i32>().value_offsets();
-                o.last().zip(o.first()).map_or(0, |(l, f)| (l - f).max(0) as u128)
-            }
-            DataType::LargeUtf8 => {
-                let o = a.as_string::<i64>().value_offsets();
-                o.last().zip(o.first()).map_or(0, |(l, f)| (l - f).max(0) as u128)
-            }
-            DataType::Utf8View => a.as_string_view().views().iter().map(|v| (*v as u32) as u128).sum(),
-            _ => 32 * a.len() as u128,
-        },
-    }
-}
-
-/// Integer argument values, row by row (NULL and non-integers as 0).
-fn counts(v: &ColumnarValue, rows: usize) -> Vec<u64> {
-    let as_u64 = |s: &ScalarValue| match s {
-        ScalarValue::Int64(Some(n)) => u64::try_from(*n).unwrap_or(0),
-        ScalarValue::Int32(Some(n)) => u64::try_from(*n).unwrap_or(0),
-        ScalarValue::Int16(Some(n)) => u64::try_from(*n).unwrap_or(0),
-        ScalarValue::Int8(Some(n)) => u64::try_from(*n).unwrap_or(0),
-        ScalarValue::UInt64(Some(n)) => *n,
-        ScalarValue::UInt32(Some(n)) => u64::from(*n),
-        _ => 0,
-    };
-    match v {
-        ColumnarValue::Scalar(s) => vec![as_u64(s); rows],
-        ColumnarValue::Array(a) => {
-            (0..a.len()).map(|i| ScalarValue::try_from_array(a, i).map(|s| as_u64(&s)).unwrap_or(0)).collect()
-        }
-    }
-}
-
-impl Bound {
-    /// An upper bound of the result's bytes.
-    fn estimate(self, args: &[ColumnarValue], rows: usize) -> u128 {
-        match self {
-            Bound::Repeat => {
-                let (Some(s), Some(n)) = (args.first(), args.get(1)) else { return 0 };
-                value_bytes(s, rows).into_iter().zip(counts(n, rows)).map(|(b, n)| b as u128 * n as u128).sum()
-            }
-            Bound::Pad => {
-                let (Some(s), Some(n)) = (args.first(), args.get(1)) else { return 0 };
-                total_bytes(s, rows) + counts(n, rows).into_iter().map(|n| 4 * n as u128).sum::<u128>()
-            }
-            Bound::Replace { to } => {
-                let Some(s) = args.first() else { return 0 };
-                let to = args.get(to).map(|t| value_bytes(t, rows)).unwrap_or_else(|| vec![0; rows]);
-                value_bytes(s, rows).into_iter().zip(to).map(|(b, t)| (b as u128 + 1) * t.max(1) as u128).sum()
-            }
-            Bound::Sum => {
-                let all: u128 = args.iter().map(|a| total_bytes(a, rows)).sum();
-                // concat_ws repeats its separator between arguments.
-                let sep = args.first().map_or(0, |a| total_bytes(a, rows));
-                all + sep * args.len() as u128
-            }
-        }
-    }
-}
-
-fn refuse(name: &str, bound: u128, max_bytes: usize) -> DfResult<ColumnarValue> {
-    exec_err!(
-        "{name}() would build a result of up to {bound} bytes, over the limit of {max_bytes} bytes per result \
-         (query.max_string_result_bytes)"
-    )
-}
-
-/// A string function, run only when its result fits the cap.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct Capped {
-    inner: ScalarUDF,
-    bound: Bound,
-    max_bytes: usize,
-}
-
-impl ScalarUDFImpl for Capped {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn schema_name(&self, args: &[Expr]) -> DfResult<String> {
-        self.inner.inner().schema_name(args)
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
-        self.inner.inner().return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
-        self.inner.inner().return_field_from_args(args)
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> DfResult<Vec<DataType>> {
-        self.inner.inner().coerce_types(arg_types)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.inner().documentation()
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let rows = args.number_rows.max(1);
-        let bound = self.bound.estimate(&args.args, rows);
-        if bound > self.max_bytes as u128 {
-            return refuse(self.name(), bound, self.max_bytes);
-        }
-        self.inner.invoke_with_args(args)
-    }
 }
 
 /// `a || b` of two strings: NULL when either is NULL (unlike `concat`), capped.
@@ -429,19 +241,18 @@ impl ScalarUDFImpl for ConcatOp {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         let rows = args.number_rows.max(1);
-        let bound = Bound::Sum.estimate(&args.args, rows);
-        if bound > self.max_bytes as u128 {
-            return refuse("||", bound, self.max_bytes);
-        }
+        crate::funcs::check_estimate("||", crate::funcs::Bound::Sum { factor: 1 }, &args.args, rows, self.max_bytes)?;
         let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let [l, r] = arrays.as_slice() else { return exec_err!("|| takes two arguments") };
         let (l, r) = (cast(l, &DataType::Utf8)?, cast(r, &DataType::Utf8)?);
         let out = concat_elements_dyn(&l, &r)?;
-        if all_scalar {
-            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?));
-        }
-        Ok(ColumnarValue::Array(out))
+        let out = match all_scalar {
+            true => ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?),
+            false => ColumnarValue::Array(out),
+        };
+        crate::funcs::check_result("||", &out, self.max_bytes, &args.config_options)?;
+        Ok(out)
     }
 }
 

@@ -120,8 +120,33 @@ impl Format {
     }
 }
 
+/// A buffer that refuses to grow past `max_bytes`.
+struct Limited {
+    out: Vec<u8>,
+    max_bytes: u64,
+    passed: bool,
+}
+
+impl Write for Limited {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() as u64 + buf.len() as u64 > self.max_bytes {
+            self.passed = true;
+            return Err(std::io::Error::other("the rendered result is over its limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
+    /// The rendering passed its byte limit ([`QueryResult::render_limited`]).
+    #[error("the rendered result passed {max_bytes} bytes")]
+    TooLarge { max_bytes: u64 },
     #[error("writing the result: {0}")]
     Io(#[from] std::io::Error),
     #[error("rendering the result: {0}")]
@@ -137,23 +162,39 @@ impl QueryResult {
 
     /// The whole rendering in `format`.
     pub fn render(&self, format: Format) -> Result<Vec<u8>, RenderError> {
-        let mut out = Vec::new();
-        match format {
-            Format::Json => self.write_json(&mut out)?,
-            Format::Csv => self.write_csv(&mut out)?,
-            Format::ArrowStream => self.write_arrow_stream(&mut out)?,
-            Format::Parquet => self.write_parquet(&mut out)?,
-            Format::Table => self.write_table(&mut out)?,
+        self.render_limited(format, &[], u64::MAX)
+    }
+
+    /// The whole rendering in `format` (JSON with `members` after `rows`: a query
+    /// server's `stale_shards`), refused with [`RenderError::TooLarge`] as soon as it
+    /// passes `max_bytes`: a rendering is text, several times its Arrow batches, and it
+    /// is held whole to be sent.
+    pub fn render_limited(
+        &self,
+        format: Format,
+        members: &[(&str, serde_json::Value)],
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, RenderError> {
+        let mut out = Limited { out: Vec::new(), max_bytes, passed: false };
+        let written = match format {
+            Format::Json => self.write_json_with(&mut out, members),
+            Format::Csv => self.write_csv(&mut out),
+            Format::ArrowStream => self.write_arrow_stream(&mut out),
+            Format::Parquet => self.write_parquet(&mut out),
+            Format::Table => self.write_table(&mut out),
+        };
+        // The writers wrap the I/O error in their own; the flag says what it was.
+        match written {
+            _ if out.passed => Err(RenderError::TooLarge { max_bytes }),
+            Err(e) => Err(e),
+            Ok(()) => Ok(out.out),
         }
-        Ok(out)
     }
 
     /// The JSON form ([`QueryResult::write_json`]) with more members after `rows`
     /// (a query server's `stale_shards`).
     pub fn render_json_with(&self, members: &[(&str, serde_json::Value)]) -> Result<Vec<u8>, RenderError> {
-        let mut out = Vec::new();
-        self.write_json_with(&mut out, members)?;
-        Ok(out)
+        self.render_limited(Format::Json, members, u64::MAX)
     }
 
     /// `{"columns": [{"name": …, "type": …}], "rows": [[…], …]}`.

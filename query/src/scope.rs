@@ -28,10 +28,14 @@
 //! children: no optimiser rule of the user's query (logical filter pushdown, physical
 //! filter pushdown, dynamic filters of joins and TopK, projection pushdown) can move a
 //! user expression below it, and `EXPLAIN` shows neither the files nor the row counts
-//! behind it. The only user predicates that go below are those that [`cannot_fail`]
-//! (comparisons of a column with a constant, `IS NULL`, `IN (constants)`, `BETWEEN`, and
-//! `AND`/`OR`/`NOT` of those): they still prune partitions, files and row groups, and
-//! whatever they see of hidden rows changes nothing the user can observe but the speed.
+//! behind it. The only user predicates that go below are time ranges
+//! ([`prunes_below_scope`]: predicates that [`cannot_fail`] — comparisons of a column
+//! with a constant, `IS NULL`, `IN (constants)`, `BETWEEN`, `AND`/`OR`/`NOT` of those —
+//! over `time` or `hour` only): they prune partitions, files and row groups by time,
+//! which every GPU has rows for whoever holds it. A predicate on another column would
+//! prune by hidden rows' values, and the speed of a query that answers the same either
+//! way told whether another team's GPU or namespace exists; those run above the scope,
+//! on the scope's rows only.
 //! New tables inherit this by having a [`Rule`]; a table without one is left out of
 //! scoped sessions (fail closed).
 //!
@@ -256,7 +260,7 @@ impl TableProvider for ScopedTable {
         Ok(filters
             .iter()
             .map(|f| {
-                if cannot_fail(f) {
+                if prunes_below_scope(f) {
                     TableProviderFilterPushDown::Inexact
                 } else {
                     TableProviderFilterPushDown::Unsupported
@@ -273,8 +277,9 @@ impl TableProvider for ScopedTable {
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         // Filters reach `scan` qualified by whatever the query called the table; the
-        // scope's plan names it by its own name. Re-check: only what cannot fail.
-        let safe: Vec<Expr> = filters.iter().filter(|f| cannot_fail(f)).map(unqualified).collect::<DfResult<_>>()?;
+        // scope's plan names it by its own name. Re-check: only time ranges that cannot fail.
+        let safe: Vec<Expr> =
+            filters.iter().filter(|f| prunes_below_scope(f)).map(unqualified).collect::<DfResult<_>>()?;
         let plan = self.plan(projection, &safe)?;
         if !crate::distributed::is_ballista_session(state.config()) {
             let inner = state.create_physical_plan(&plan).await?;
@@ -313,6 +318,21 @@ fn unqualified(e: &Expr) -> DfResult<Expr> {
             other => Ok(Transformed::no(other)),
         })
         .map(|t| t.data)
+}
+
+/// The columns whose predicates may prune below the scope: the time of a sample, a
+/// minute or a priced hour. Every GPU has a row for every window, minute and hour its
+/// agent reported, whoever held it, so how much a time range reads says when agents
+/// reported, never who held what. A predicate on anything else (`gpu_uuid`, `host`,
+/// `namespace`, `team`, …) pruned files and row groups by *other* teams' values: a
+/// query that counted 0 rows either way ran twice as long when a hidden GPU or
+/// namespace matched (issue 39), so such predicates run above the scope, on its rows.
+const PRUNE_COLUMNS: &[&str] = &["time", "hour"];
+
+/// True when `e` may go below the scope to prune: it [`cannot_fail`] and reads only
+/// [`PRUNE_COLUMNS`].
+pub fn prunes_below_scope(e: &Expr) -> bool {
+    cannot_fail(e) && e.column_refs().iter().all(|c| PRUNE_COLUMNS.contains(&c.name.as_str()))
 }
 
 /// True when evaluating `e` on any row cannot fail, whatever the row holds: a column,
@@ -491,6 +511,26 @@ mod tests {
         assert!(!cannot_fail(&(lit(1) / col("a")).eq(lit(0))));
         assert!(!cannot_fail(&col("a").eq(lit(1)).and(datafusion::functions::expr_fn::length(col("b")).gt(lit(0)))));
         assert!(!cannot_fail(&col("a").like(t())));
+    }
+
+    #[test]
+    fn only_time_ranges_prune_below_the_scope() {
+        let t = |v: &str| Expr::Literal(datafusion::common::ScalarValue::Utf8(Some(v.into())), None);
+        assert!(prunes_below_scope(&col("time").gt(lit(1)).and(col("time").lt_eq(lit(9)))));
+        assert!(prunes_below_scope(&col("hour").between(lit(1), lit(2))));
+        // Another team's values must not decide what is read.
+        assert!(!prunes_below_scope(&col("gpu_uuid").gt_eq(t("GPU-0")).and(col("gpu_uuid").lt(t("GPU-8")))));
+        assert!(!prunes_below_scope(&col("namespace").eq(t("ml-research"))));
+        assert!(!prunes_below_scope(&col("time").gt(lit(1)).and(col("host").eq(t("node-1")))));
+        assert!(!prunes_below_scope(&datafusion::logical_expr::cast(col("time"), DataType::Utf8).eq(t("x"))));
+        let schema = apron_common::wire::Table::Allocations.schema();
+        let p: Arc<dyn TableProvider> = Arc::new(datafusion::datasource::empty::EmptyTable::new(schema));
+        let team = TeamName::new("vision").expect("team");
+        let scoped = scoped_provider("gpu_samples", p.clone(), Some(&p), &team).expect("ok").expect("offered");
+        let pushed = scoped
+            .supports_filters_pushdown(&[&col("gpu_uuid").eq(t("GPU-x")), &col("time").gt(lit(0))])
+            .expect("answers");
+        assert_eq!(pushed, vec![TableProviderFilterPushDown::Unsupported, TableProviderFilterPushDown::Inexact]);
     }
 
     /// `owner` is an integer in the team's rows and text in the other team's: a cast of

@@ -53,6 +53,9 @@ pub fn quantile(sketch: &DDSketch, q: f64) -> Result<Option<f64>> {
     sketch.quantile(q).map_err(|e| DataFusionError::Execution(format!("quantile {q}: {e}")))
 }
 
+/// The names [`register`] gives its functions (a sketch is bounded by its parameters).
+pub const FUNCTIONS: &[&str] = &["ddsketch", "ddsketch_merge", "ddsketch_quantile"];
+
 /// Registers `ddsketch`, `ddsketch_merge` and `ddsketch_quantile` in `state`.
 pub fn register(state: &mut SessionState) -> Result<()> {
     use datafusion::execution::FunctionRegistry;

@@ -148,6 +148,50 @@ impl Access {
             ))
         })
     }
+
+    /// `GET /metrics` under `[server] metrics_auth = "token"`: a viewer's or admin's
+    /// token (every team's figures are on it), or the 401/403 answer to send.
+    pub fn metrics_access(&self, headers: &HeaderMap) -> Result<(), Box<Response>> {
+        match self.read_scope(headers)? {
+            Scope::All => Ok(()),
+            Scope::Team(_) => Err(Box::new(json_error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "/metrics carries every team's figures: it needs a viewer or admin token ([server] metrics_auth = \"token\")",
+            ))),
+        }
+    }
+}
+
+/// The answer to a request whose work the server does with its own SQL (a
+/// recommendation run, a weekly report, a remote read) when that work failed: the kind
+/// of failure and an error id, for every principal. The full error — which may quote the
+/// server's SQL, with other teams' GPUs and owners — is logged at `warn` under the same
+/// id (`what` failed), never sent. A query that hit a limit keeps its status (504
+/// timeout, 507 memory, 503 busy with `Retry-After: 1`, 413); anything else is 500 with
+/// `code`.
+pub fn internal_error(
+    what: &str,
+    code: &'static str,
+    error: &dyn std::fmt::Display,
+    query: Option<&apron_query::QueryError>,
+) -> Response {
+    let id = apron_query::error::error_id();
+    tracing::warn!(error_id = %id, error = %error, "{what} failed");
+    let (status, code, kind) = match query {
+        Some(q) if q.status() != 500 => (
+            StatusCode::from_u16(q.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            q.code(),
+            q.value_free_message(),
+        ),
+        Some(q) => (StatusCode::INTERNAL_SERVER_ERROR, code, q.value_free_message()),
+        None => (StatusCode::INTERNAL_SERVER_ERROR, code, "it failed inside the server".to_owned()),
+    };
+    let mut r = json_error(status, code, &apron_query::error::logged(&format!("{what} failed: {kind}"), &id));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
 }
 
 /// Whether a row of `team` is visible in `scope`.

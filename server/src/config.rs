@@ -8,6 +8,7 @@
 //! body_read_timeout = "60s"          # longest gap in a request body
 //! body_total_timeout = "60s"         # longest a whole request body may take
 //! max_connections = 4096
+//! metrics_auth = "none"             # or "token": GET /metrics needs a viewer/admin token
 //! [server.tls]                       # HTTPS (and the pg port's TLS unless [pg.tls])
 //! cert_file = "/etc/apron/tls/server.crt"
 //! key_file = "/etc/apron/tls/server.key"
@@ -42,8 +43,17 @@
 //! [pg]                               # the PostgreSQL port (crate::pg)
 //! listen = "127.0.0.1:5433"
 //! users = [{ name = "grafana", password_file = "/etc/apron/pg/grafana" }]
-//! max_connections = 256              # more are closed at accept
-//! auth_timeout = "10s"               # startup + authentication, or closed
+//! max_connections = 256              # logged-in sessions; a login past them: FATAL 53300
+//! auth_timeout = "5s"                # startup + authentication, or closed
+//! max_preauth_connections = 128      # logging in at once; one more closes the oldest
+//! max_connections_per_user = 64      # default: a quarter of max_connections
+//! idle_timeout = "10m"               # a silent session is closed ("0s": never)
+//! message_timeout = "30s"            # a half-sent message, an unread answer: closed
+//! max_statements = 1024              # per connection (extended protocol) …
+//! max_portals = 64                   # … suspended ones included
+//! max_param_bytes = "1MiB"           # one bound value
+//! max_session_bytes = "64MiB"        # statements + values + suspended results, per connection
+//! max_total_session_bytes = "1GiB"   # all connections, beyond each one's first 2 MiB
 //!
 //! [report]                           # the weekly report schedule (crate::schedule)
 //! [report.email]                     # SMTP delivery
@@ -52,6 +62,12 @@
 //! [cluster]                          # more than one machine over one bucket (crate::cluster)
 //! role = "collector"                 # or "query"; needs [storage.object_store]
 //! shard = "rack-a"                   # a collector's shard
+//!
+//! [remote_read]                     # POST /api/v1/read (crate::prom_remote::ReadLimits)
+//! max_queries = 16                   # per request; 400 beyond
+//! max_samples = 5000000              # per request's answer; 400 beyond
+//! max_bytes = "64MiB"                # the answer as it is built; 413 beyond
+//! max_concurrent = 2                 # requests at once; more wait (503 after 5 s)
 //!
 //! [query.ballista]                   # a query server's heavy scans on Ballista (apron_query::distributed)
 //! scheduler = "df://127.0.0.1:50050"
@@ -136,6 +152,9 @@ pub struct FileConfig {
     /// Sharded collectors and query servers over one lake (`crate::cluster`).
     #[serde(default)]
     pub cluster: crate::cluster::ClusterSection,
+    /// Limits of Prometheus remote read (`POST /api/v1/read`, `crate::prom_remote`).
+    #[serde(default)]
+    pub remote_read: RemoteReadSection,
 }
 
 /// `[[tokens]]`: one bearer token (inline or, better, in a file) and its role.
@@ -159,11 +178,32 @@ pub struct PgSection {
     /// TLS for PostgreSQL clients (`sslmode=require`); without it, `[server.tls]`'s
     /// certificate is used when the server has one.
     pub tls: Option<TlsConfig>,
-    /// Connections at once; more are closed at accept (default 256).
+    /// Logged-in sessions at once; a login past them is refused (default 256).
     pub max_connections: Option<i64>,
     /// A connection must finish TLS, startup and authentication within this (default
-    /// 10s), or it is closed.
+    /// 5s), or it is closed.
     pub auth_timeout: Option<String>,
+    /// Connections still logging in at once, counted apart from `max_connections`; one
+    /// more closes the oldest of them (default 128).
+    pub max_preauth_connections: Option<i64>,
+    /// Sessions one user may have open (default: a quarter of `max_connections`).
+    pub max_connections_per_user: Option<i64>,
+    /// A session that sends nothing for this long is closed (default "10m"; "0s": never).
+    pub idle_timeout: Option<String>,
+    /// A message begun must arrive whole within this, and an answer must not wait on a
+    /// client that reads nothing for longer (default "30s").
+    pub message_timeout: Option<String>,
+    /// Prepared statements per connection (default 1024).
+    pub max_statements: Option<i64>,
+    /// Portals per connection, suspended ones included (default 64).
+    pub max_portals: Option<i64>,
+    /// One bound parameter value (default 1MiB).
+    pub max_param_bytes: Option<ByteSize>,
+    /// What one connection may hold: statement texts, bound values, suspended results
+    /// (default 64MiB).
+    pub max_session_bytes: Option<ByteSize>,
+    /// What all connections may hold together beyond each one's first 2 MiB (default 1GiB).
+    pub max_total_session_bytes: Option<ByteSize>,
 }
 
 /// One PostgreSQL user: a password inline or (better) in a file.
@@ -202,6 +242,35 @@ pub struct ServerSection {
     pub body_total_timeout: Option<String>,
     /// Open connections at once; more are closed at accept (default 4096).
     pub max_connections: Option<i64>,
+    /// Who may read `GET /metrics`: `"none"` (anyone who reaches the port; the default,
+    /// so existing scrapes keep working) or `"token"` (a viewer's or admin's bearer token).
+    pub metrics_auth: Option<String>,
+}
+
+/// `[remote_read]`: the limits of `POST /api/v1/read` (`crate::prom_remote::ReadLimits`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteReadSection {
+    /// Queries in one ReadRequest (default 16); more: 400.
+    pub max_queries: Option<i64>,
+    /// Samples one request's answer may hold, all queries together (default 5,000,000);
+    /// more: 400, as Prometheus' `--storage.remote.read-sample-limit`.
+    pub max_samples: Option<i64>,
+    /// Bytes one request's answer may assemble before compression (default 64 MiB);
+    /// more: 413.
+    pub max_bytes: Option<ByteSize>,
+    /// Remote reads at once (default 2), as Prometheus' `read-concurrent-limit`; more wait.
+    pub max_concurrent: Option<i64>,
+}
+
+/// Who may read `GET /metrics` (`[server] metrics_auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MetricsAuth {
+    /// Anyone who reaches the port (the default: Prometheus scrapes without a token).
+    #[default]
+    None,
+    /// A bearer token of role viewer or admin (every team's figures are on it).
+    Token,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -245,6 +314,9 @@ pub struct PgListen {
     pub tls: Option<TlsConfig>,
     pub max_connections: usize,
     pub auth_timeout: Duration,
+    /// The rest of `[pg]`'s limits (connections logging in, per user, timeouts, what a
+    /// session may hold): `crate::pg::PgLimits::session`.
+    pub session: crate::pg::PgSessionLimits,
 }
 
 /// The HTTP listener's transport settings.
@@ -259,6 +331,10 @@ pub struct HttpOptions {
     pub max_connections: usize,
     /// Largest SQL text (`POST /api/v1/sql` and the PostgreSQL port).
     pub max_sql_bytes: usize,
+    /// Who may read `GET /metrics`.
+    pub metrics_auth: MetricsAuth,
+    /// `[remote_read]`.
+    pub remote_read: crate::prom_remote::ReadLimits,
 }
 
 impl Default for HttpOptions {
@@ -270,6 +346,8 @@ impl Default for HttpOptions {
             body_total_timeout: Duration::from_secs(60),
             max_connections: 4096,
             max_sql_bytes: 1 << 20,
+            metrics_auth: MetricsAuth::None,
+            remote_read: crate::prom_remote::ReadLimits::default(),
         }
     }
 }
@@ -452,7 +530,7 @@ impl FileConfig {
                 ));
             }
         };
-        let http = resolve_http(self.server, self.sql.max_body_bytes)?;
+        let http = resolve_http(self.server, self.sql.max_body_bytes, self.remote_read)?;
         self.report.validate()?;
         Ok(ServeConfig {
             listen,
@@ -511,8 +589,32 @@ fn read_token_file(key: &str, path: &Path) -> Result<Vec<(String, String)>, Conf
 }
 
 /// `[server]`'s transport settings and `[sql] max_body_bytes`.
-fn resolve_http(server: ServerSection, max_sql: Option<ByteSize>) -> Result<HttpOptions, ConfigError> {
+fn resolve_http(
+    server: ServerSection,
+    max_sql: Option<ByteSize>,
+    read: RemoteReadSection,
+) -> Result<HttpOptions, ConfigError> {
     let d = HttpOptions::default();
+    let count = |key: &str, v: Option<i64>, default: usize, max: i64| match v {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(&n) => Ok(usize::try_from(n).unwrap_or(default)),
+        Some(n) => Err(invalid(key, n.to_string(), format!("between 1 and {max}"))),
+    };
+    let r = d.remote_read;
+    let remote_read = crate::prom_remote::ReadLimits {
+        max_queries: count("remote_read.max_queries", read.max_queries, r.max_queries, 10_000)?,
+        max_samples: count("remote_read.max_samples", read.max_samples, r.max_samples, 1_000_000_000)?,
+        max_bytes: match &read.max_bytes {
+            Some(v) => parse_size("remote_read.max_bytes", v)?,
+            None => r.max_bytes,
+        },
+        max_concurrent: count("remote_read.max_concurrent", read.max_concurrent, r.max_concurrent, 1024)?,
+    };
+    let metrics_auth = match server.metrics_auth.as_deref().map(str::trim) {
+        None | Some("none") => MetricsAuth::None,
+        Some("token") => MetricsAuth::Token,
+        Some(other) => return Err(invalid("server.metrics_auth", other, "\"none\" or \"token\"")),
+    };
     Ok(HttpOptions {
         tls: server.tls,
         header_read_timeout: match server.header_read_timeout {
@@ -536,6 +638,8 @@ fn resolve_http(server: ServerSection, max_sql: Option<ByteSize>) -> Result<Http
             Some(v) => parse_size("sql.max_body_bytes", v)?,
             None => d.max_sql_bytes,
         },
+        metrics_auth,
+        remote_read,
     })
 }
 
@@ -554,6 +658,7 @@ fn resolve_pg(
     listen: Option<String>,
     server_tls: Option<&TlsConfig>,
 ) -> Result<Option<PgListen>, ConfigError> {
+    let session = resolve_pg_session(&pg)?;
     let mut users = Vec::new();
     for (n, u) in pg.users.into_iter().enumerate() {
         let key = format!("pg.users[{n}]");
@@ -609,7 +714,54 @@ fn resolve_pg(
     let text = listen.unwrap_or_else(|| "127.0.0.1:5433".to_owned());
     let addr: SocketAddr =
         text.parse().map_err(|_| invalid("pg.listen", &text, "an address such as 127.0.0.1:5433"))?;
-    Ok(Some(PgListen { addr, users, tls: pg.tls.or_else(|| server_tls.cloned()), max_connections, auth_timeout }))
+    let tls = pg.tls.or_else(|| server_tls.cloned());
+    Ok(Some(PgListen { addr, users, tls, max_connections, auth_timeout, session }))
+}
+
+/// `[pg]`'s limits past `max_connections` and `auth_timeout` (`crate::pg::PgSessionLimits`).
+fn resolve_pg_session(pg: &PgSection) -> Result<crate::pg::PgSessionLimits, ConfigError> {
+    let d = crate::pg::PgSessionLimits::default();
+    let count = |key: &str, v: Option<i64>, default: usize| match v {
+        None => Ok(default),
+        Some(n) if (1..=1_000_000).contains(&n) => Ok(usize::try_from(n).unwrap_or(default)),
+        Some(n) => Err(invalid(key, n.to_string(), "between 1 and 1000000")),
+    };
+    let size = |key: &str, v: &Option<ByteSize>, default: usize| v.as_ref().map_or(Ok(default), |v| parse_size(key, v));
+    let idle_timeout = match pg.idle_timeout.as_deref().map(str::trim) {
+        None => d.idle_timeout,
+        Some("0" | "0s") => None,
+        Some(t) => {
+            let e = |why: String| invalid("pg.idle_timeout", t, why);
+            let idle = humantime::parse_duration(t).map_err(|x| e(format!("a duration such as \"10m\" ({x})")))?;
+            if !(Duration::from_secs(1)..=Duration::from_secs(7 * 86_400)).contains(&idle) {
+                return Err(e("between 1s and 7d, or \"0s\" for never".to_owned()));
+            }
+            Some(idle)
+        }
+    };
+    let per_user = pg.max_connections_per_user.map(|n| count("pg.max_connections_per_user", Some(n), 1)).transpose()?;
+    Ok(crate::pg::PgSessionLimits {
+        max_preauth_connections: count(
+            "pg.max_preauth_connections",
+            pg.max_preauth_connections,
+            d.max_preauth_connections,
+        )?,
+        max_connections_per_user: per_user,
+        idle_timeout,
+        message_timeout: match &pg.message_timeout {
+            Some(t) => parse_timeout("pg.message_timeout", t)?,
+            None => d.message_timeout,
+        },
+        max_statements: count("pg.max_statements", pg.max_statements, d.max_statements)?,
+        max_portals: count("pg.max_portals", pg.max_portals, d.max_portals)?,
+        max_param_bytes: size("pg.max_param_bytes", &pg.max_param_bytes, d.max_param_bytes)?,
+        max_session_bytes: size("pg.max_session_bytes", &pg.max_session_bytes, d.max_session_bytes)?,
+        max_total_session_bytes: size(
+            "pg.max_total_session_bytes",
+            &pg.max_total_session_bytes,
+            d.max_total_session_bytes,
+        )?,
+    })
 }
 
 #[cfg(test)]
@@ -648,7 +800,44 @@ mod tests {
         )
         .expect("valid");
         let pg = c.pg.expect("pg");
-        assert_eq!((pg.max_connections, pg.auth_timeout), (256, Duration::from_secs(10)));
+        assert_eq!((pg.max_connections, pg.auth_timeout), (256, Duration::from_secs(5)));
+        assert_eq!(pg.session, crate::pg::PgSessionLimits::default());
+    }
+
+    #[test]
+    fn pg_session_limits_parse() {
+        let base =
+            "[ingest]\ntokens = [\"0123456789abcdef\"]\n[pg]\nusers = [{ name = \"a\", password = \"password-1\" }]\n";
+        let text = format!(
+            "{base}max_preauth_connections = 16\nmax_connections_per_user = 3\nidle_timeout = \"2m\"\n\
+             message_timeout = \"5s\"\nmax_statements = 10\nmax_portals = 4\nmax_param_bytes = \"4KiB\"\n\
+             max_session_bytes = \"64KiB\"\nmax_total_session_bytes = \"1MiB\"\n"
+        );
+        let pg = resolve(&text, Overrides::default()).expect("valid").pg.expect("pg");
+        let expected = crate::pg::PgSessionLimits {
+            max_preauth_connections: 16,
+            max_connections_per_user: Some(3),
+            idle_timeout: Some(Duration::from_secs(120)),
+            message_timeout: Duration::from_secs(5),
+            max_statements: 10,
+            max_portals: 4,
+            max_param_bytes: 4 << 10,
+            max_session_bytes: 64 << 10,
+            max_total_session_bytes: 1 << 20,
+        };
+        assert_eq!(pg.session, expected);
+        let pg = resolve(&format!("{base}idle_timeout = \"0s\"\n"), Overrides::default()).expect("valid").pg;
+        assert_eq!(pg.expect("pg").session.idle_timeout, None, "0s: never");
+        let err = |extra: &str| resolve(&format!("{base}{extra}"), Overrides::default()).expect_err(extra).to_string();
+        assert!(err("max_statements = 0\n").contains("pg.max_statements"));
+        assert!(err("max_portals = -1\n").contains("pg.max_portals"));
+        assert!(err("max_connections_per_user = 0\n").contains("pg.max_connections_per_user"));
+        assert!(err("max_preauth_connections = 0\n").contains("pg.max_preauth_connections"));
+        assert!(err("idle_timeout = \"soon\"\n").contains("pg.idle_timeout"));
+        assert!(err("message_timeout = \"2h\"\n").contains("pg.message_timeout"));
+        assert!(err("max_session_bytes = \"lots\"\n").contains("pg.max_session_bytes"));
+        assert!(err("max_param_bytes = 10\n").contains("pg.max_param_bytes"));
+        assert!(err("max_total_session_bytes = \"8GiB\"\n").contains("pg.max_total_session_bytes"));
     }
 
     #[test]
@@ -779,5 +968,26 @@ vision-token-0123456789
         assert!(e.contains("ingest.tokens[0]") && !e.contains("two words"), "{e}");
         let e = resolve("[ingest]\ntoken_file = \"/nonexistent/t\"\n", Overrides::default()).expect_err("file");
         assert!(e.to_string().contains("/nonexistent/t"), "{e}");
+    }
+
+    #[test]
+    fn metrics_auth_and_remote_read_limits() {
+        let tok = "[ingest]\ntokens = [\"0123456789abcdef\"]\n";
+        let c = resolve(tok, Overrides::default()).expect("valid");
+        assert_eq!(c.http.metrics_auth, MetricsAuth::None, "existing scrapes keep working");
+        let r = c.http.remote_read;
+        assert_eq!((r.max_queries, r.max_samples, r.max_bytes, r.max_concurrent), (16, 5_000_000, 64 << 20, 2));
+        let text = format!(
+            "{tok}[server]\nmetrics_auth = \"token\"\n[remote_read]\nmax_queries = 2\nmax_samples = 100\nmax_bytes = \"1KiB\"\nmax_concurrent = 1\n"
+        );
+        let c = resolve(&text, Overrides::default()).expect("valid");
+        assert_eq!(c.http.metrics_auth, MetricsAuth::Token);
+        let r = c.http.remote_read;
+        assert_eq!((r.max_queries, r.max_samples, r.max_bytes, r.max_concurrent), (2, 100, 1024, 1));
+        let err = |extra: &str| resolve(&format!("{tok}{extra}"), Overrides::default()).expect_err(extra).to_string();
+        assert!(err("[server]\nmetrics_auth = \"open\"\n").contains("server.metrics_auth"));
+        assert!(err("[remote_read]\nmax_queries = 0\n").contains("remote_read.max_queries"));
+        assert!(err("[remote_read]\nmax_bytes = 10\n").contains("remote_read.max_bytes"));
+        assert!(err("[remote_read]\nmax_sampels = 10\n").contains("max_sampels"));
     }
 }

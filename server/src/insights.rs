@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use apron_collector::http::json_error;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::alerts::{Alerts, api_alert};
 use crate::cluster::FleetAlerts;
-use crate::recommend::Recommender;
+use crate::recommend::{ON_DEMAND_RETRY_AFTER_S, OnDemandError, Recommender};
 
 /// Where `GET /api/v1/alerts` reads episodes from.
 #[derive(Clone, Default)]
@@ -134,11 +134,20 @@ async fn recommendations(
             }
         },
     };
-    match rec.compute(window, apron_common::UnixMicros::now().0).await {
-        Ok(mut set) => {
+    match rec.on_demand(window).await {
+        Ok(set) => {
+            let mut set = (*set).clone();
             set.retain(|r| crate::access::visible(&scope, &r.team));
             axum::Json(set).into_response()
         }
-        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "recommendations_failed", &e.to_string()),
+        Err(e @ OnDemandError::Busy { .. }) => {
+            let mut r = json_error(StatusCode::SERVICE_UNAVAILABLE, "busy", &e.to_string());
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ON_DEMAND_RETRY_AFTER_S));
+            r
+        }
+        // The run's SQL is fleet-wide (other teams' GPUs and owners): logged, not sent.
+        Err(OnDemandError::Failed(e)) => {
+            crate::access::internal_error("the recommendation run", "recommendations_failed", &e, e.query_error())
+        }
     }
 }

@@ -120,16 +120,17 @@ pub enum ServerError {
 /// apply to the routes present when they are set — so every route answers unknown paths
 /// and methods in the contract's error shape.
 pub fn app(ingest: IngestState, sql: Router) -> Router {
-    app_with(ingest, sql, true)
+    app_with(ingest, sql, true, None)
 }
 
 /// [`app`]; without `accept_ingest` (a query server) the ingest route answers 403 and
-/// points at the collectors.
-fn app_with(ingest: IngestState, sql: Router, accept_ingest: bool) -> Router {
+/// points at the collectors. With `metrics_gate` (`[server] metrics_auth = "token"`),
+/// `GET /metrics` needs a viewer's or admin's token of that [`Access`].
+fn app_with(ingest: IngestState, sql: Router, accept_ingest: bool, metrics_gate: Option<Access>) -> Router {
     let health = Router::new()
         .route("/healthz", axum::routing::get(healthz))
-        .route("/metrics", axum::routing::get(metrics))
-        .with_state(ingest.clone());
+        .with_state(ingest.clone())
+        .merge(Router::new().route("/metrics", axum::routing::get(metrics)).with_state((ingest.clone(), metrics_gate)));
     let writes = if accept_ingest {
         apron_collector::http::router(ingest)
     } else {
@@ -156,11 +157,17 @@ async fn healthz(axum::extract::State(ingest): axum::extract::State<IngestState>
     ))
 }
 
-/// `GET /metrics`: every family of the server (ingest, storage, cost, alerts, …).
+/// `GET /metrics`: every family of the server (ingest, storage, cost — per team —,
+/// alerts, …); behind a viewer's or admin's token when `[server] metrics_auth = "token"`.
 async fn metrics(
-    axum::extract::State(ingest): axum::extract::State<IngestState>,
+    axum::extract::State((ingest, gate)): axum::extract::State<(IngestState, Option<Access>)>,
     headers: axum::http::HeaderMap,
 ) -> Response {
+    if let Some(access) = &gate
+        && let Err(answer) = access.metrics_access(&headers)
+    {
+        return *answer;
+    }
     apron_http::metrics::respond(ingest.registry(), &headers)
 }
 
@@ -461,6 +468,14 @@ impl Server {
         self
     }
 
+    /// The rest of the PostgreSQL port's limits (`[pg]`: connections logging in, per
+    /// user, idle and message timeouts, what a session may hold; default
+    /// [`pg::PgSessionLimits::default`]).
+    pub fn with_pg_session_limits(mut self, session: pg::PgSessionLimits) -> Server {
+        self.pg_limits.session = session;
+        self
+    }
+
     /// The PostgreSQL port's counters (connections refused, authentication timeouts,
     /// oversized queries).
     pub fn pg_stats(&self) -> &Arc<pg::PgStats> {
@@ -479,6 +494,13 @@ impl Server {
         self.sql = sql::router(self.engine.clone(), self.access.clone(), http.max_sql_bytes);
         // One SQL text limit for both ways in.
         self.pg_limits.max_sql_bytes = http.max_sql_bytes;
+        let teams = matches!(&self.access, Access::Tokens(c) if c.iter().any(|c| matches!(c.role, Role::Team(_))));
+        if http.metrics_auth == config::MetricsAuth::None && teams {
+            tracing::warn!(
+                "GET /metrics needs no token ([server] metrics_auth = \"none\") and shows every team's costs: \
+                 set metrics_auth = \"token\" (and give Prometheus a viewer token), or keep the port on a network only the scraper reaches"
+            );
+        }
         self.http = http;
         Ok(self)
     }
@@ -558,13 +580,13 @@ impl Server {
                 .merge(self.reports.clone())
                 .merge(self.insights.clone())
                 .merge(otlp_in::router(otlp_in::OtlpState::new(self.ingest.clone(), self.engine.clone())))
-                .merge(prom_remote::router(prom_remote::RemoteState::new(
-                    self.ingest.clone(),
-                    self.engine.clone(),
-                    self.access.clone(),
-                )))
+                .merge(prom_remote::router(
+                    prom_remote::RemoteState::new(self.ingest.clone(), self.engine.clone(), self.access.clone())
+                        .with_limits(self.http.remote_read),
+                ))
                 .merge(ui::router()),
             self.lake().is_none(),
+            (self.http.metrics_auth == config::MetricsAuth::Token).then(|| self.access.clone()),
         )
     }
 

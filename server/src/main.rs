@@ -302,7 +302,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                         let l = apron_http::serve::bind(p.addr)
                             .with_context(|| format!("cannot listen on {} for PostgreSQL clients", p.addr))?;
                         let tls = p.tls.as_ref().map(|t| t.server_config()).transpose().context("[pg.tls]")?;
-                        Some((l, apron::pg::PgAuth::Password(p.users.into()), tls, p.max_connections, p.auth_timeout))
+                        let limits = (p.max_connections, p.auth_timeout, p.session);
+                        Some((l, apron::pg::PgAuth::Password(p.users.into()), tls, limits))
                     }
                     None => None,
                 };
@@ -329,9 +330,10 @@ fn run(args: Args) -> anyhow::Result<()> {
                     .with_scrape(scrape)?
                     .with_http(http)?;
                 let server = match pg {
-                    Some((l, auth, tls, max_connections, auth_timeout)) => {
-                        server.with_pg(l, auth, tls).with_pg_limits(max_connections, auth_timeout)
-                    }
+                    Some((l, auth, tls, (max_connections, auth_timeout, session))) => server
+                        .with_pg(l, auth, tls)
+                        .with_pg_limits(max_connections, auth_timeout)
+                        .with_pg_session_limits(session),
                     None => server,
                 };
                 if let Some(a) = pg_addr {

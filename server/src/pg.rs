@@ -2,23 +2,35 @@
 //! `POST /api/v1/sql`, for psql, Grafana's PostgreSQL datasource and BI tools.
 //!
 //! ```text
-//!  TCP accept ─► over [pg] max_connections (256) open: closed at once, counted, logged
+//!  TCP accept ─► logging in: at most [pg] max_preauth_connections (128) at once; one
+//!       more closes the oldest of them instead of being refused (`slots`)
 //!    ─► pgwire (startup, simple and extended query protocols), the client's bytes
 //!       framed by `Guard`
-//!    TLS + startup + authentication within [pg] auth_timeout (10 s), or closed
+//!    TLS + startup + authentication within [pg] auth_timeout (5 s), or closed
 //!    TLS: SSLRequest answered with rustls when [pg.tls] or [server.tls] is set
 //!    startup: `trust` (apron up: user `apron` only, loopback) or `password` (apron serve:
-//!             [[pg.users]], cleartext password inside TLS; each user has a role)
+//!             [[pg.users]], cleartext password inside TLS, compared in constant time;
+//!             each user has a role)
+//!    logged in: a session of [pg] max_connections (256), at most
+//!             max_connections_per_user (a quarter of that) of one user's; over either:
+//!             FATAL 53300 before AuthenticationOk
+//!    a session idle for [pg] idle_timeout (10 min): FATAL 57P05, closed; a message
+//!             begun and not finished within message_timeout (30 s), or an answer the
+//!             client does not read for that long: closed
 //!    Query text over [sql] max_body_bytes (1 MiB, as HTTP): never buffered (`Guard` drops
 //!             it as it arrives and passes an empty stand-in on), ErrorResponse 54000
-//!             naming the setting; the connection stays usable. Any other message over
-//!             that + 64 KiB: FATAL 54000, connection closed.
+//!             naming the setting; the connection stays usable. A Parse or Bind over
+//!             that + 64 KiB: dropped the same way, 54000, the connection goes on after
+//!             Sync. Any other message over it: FATAL 54000, connection closed.
 //!    Query "SELECT …" ─► QueryEngine::execute_as(the user's scope: a team:<name> user
 //!             reads that team's rows only; same plan checks, timeout, memory and
 //!             row limits as HTTP) ─► arrow-pg: Arrow batches → text rows with pg types
 //!    Query "SET …" / "BEGIN" / "COMMIT" / "ROLLBACK" / "SAVEPOINT" / "DISCARD ALL":
 //!             acknowledged, no effect (clients send them on connect; nothing here is
-//!             transactional; BEGIN/COMMIT do move the transaction status clients track)
+//!             transactional; BEGIN/COMMIT do move the transaction status clients track;
+//!             DISCARD ALL and DEALLOCATE do close prepared statements and portals)
+//!    "SET ROLE …" / "SET SESSION AUTHORIZATION …": refused (42501): a session keeps
+//!             the identity it logged in with
 //!    Query "SHOW <session parameter>" (transaction isolation level, server_version, …):
 //!             the fixed answer drivers expect (apron_query::pgcompat::SETTINGS, which
 //!             current_setting() answers from too)
@@ -27,7 +39,14 @@
 //!             → parameter types and result columns for Describe; Bind stores the values;
 //!             Execute ─► QueryEngine::execute_request_as(text + bound values): the same
 //!             path, checks, timeout and limits as a simple query; a row limit on
-//!             Execute sends that many and suspends the portal for the next
+//!             Execute sends that many and suspends the portal for the next.
+//!             What a connection keeps is bounded (`session`): [pg] max_statements
+//!             (1024), max_portals (64, suspended ones included), max_param_bytes per
+//!             value (1 MiB), max_session_bytes (64 MiB of statement texts, values and
+//!             suspended results) and, beyond each connection's first 2 MiB,
+//!             max_total_session_bytes (1 GiB) for all together: past one, the Parse,
+//!             Bind or Execute is refused (54000 / 53200 naming the setting), nothing
+//!             already acknowledged is dropped, and the connection goes on
 //!    every query is read as a PostgreSQL client's (datafusion-pg-catalog's rewrites of
 //!             catalog operators and casts, then apron_query::pgcompat's: Grafana's
 //!             search-path subquery, catalog scalar subqueries, PostgreSQL type names in
@@ -37,11 +56,15 @@
 //!             timeout, 53200 memory, 54000 too many rows, 53300 busy, …)
 //! ```
 
+mod session;
+mod slots;
+
 use std::fmt::Debug;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -49,33 +72,44 @@ use apron_query::{Described, QueryEngine, QueryError, Request, Scope};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use futures::{Sink, SinkExt, StreamExt, stream};
-use pgwire::api::Type;
-use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
-use pgwire::api::auth::noop::NoopStartupHandler;
-use pgwire::api::auth::{AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler};
-use pgwire::api::portal::{Format, Portal};
+use pgwire::api::auth::{
+    DefaultServerParameterProvider, LoginInfo, StartupHandler, finish_authentication, protocol_negotiation,
+    save_startup_parameters_to_metadata,
+};
+use pgwire::api::portal::{Format, Portal, PortalExecutionState};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
-use pgwire::api::stmt::QueryParser;
-use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
+use pgwire::api::stmt::{QueryParser, StoredStatement};
+use pgwire::api::store::{Entry, PortalStore};
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, DEFAULT_NAME, ErrorHandler, PgWireConnectionState, PgWireServerHandlers,
+    PidSecretKeyGenerator, RandomPidSecretKeyGenerator, Type,
+};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::extendedquery::{
+    Bind, BindComplete, Close, CloseComplete, Execute, Parse, ParseComplete, Sync as PgSync, TARGET_TYPE_BYTE_PORTAL,
+    TARGET_TYPE_BYTE_STATEMENT,
+};
+use pgwire::messages::response::ReadyForQuery;
 use pgwire::messages::simplequery::Query;
+use pgwire::messages::startup::Authentication;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
-use pgwire::tokio::server::{negotiate_tls, process_error, process_message};
+use pgwire::tokio::server::{MaybeTls, PgWireMessageServerCodec, negotiate_tls, process_error, process_message};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::{Framed, FramedParts};
 
 use crate::access::Role;
+use session::{Ledger, STATEMENT_OVERHEAD};
+use slots::{Login, Slots, Ticket};
 
 /// The user `apron up` accepts without a password.
 pub const UP_USER: &str = "apron";
 
 /// `[pg] max_connections` when unset.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
-/// `[pg] auth_timeout` when unset.
-pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// `[pg] auth_timeout` when unset: TLS, startup and a password take milliseconds.
+pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much larger than the SQL limit any other message may be: a Parse carries the
 /// query text plus parameter types; startup, password and the rest are far smaller.
 const MESSAGE_SLACK: usize = 64 << 10;
@@ -83,12 +117,14 @@ const MESSAGE_SLACK: usize = 64 << 10;
 /// The listener's limits (`[pg]`, and `[sql] max_body_bytes` shared with HTTP).
 #[derive(Debug, Clone)]
 pub struct PgLimits {
-    /// Connections at once; more are closed at accept.
+    /// Logged-in sessions at once; a login past them is refused (FATAL 53300).
     pub max_connections: usize,
     /// TLS, startup and authentication must be done within this of the accept.
     pub auth_timeout: Duration,
     /// The longest query text, in bytes.
     pub max_sql_bytes: usize,
+    /// What each session may hold, and the other connection limits.
+    pub session: PgSessionLimits,
     /// Counters; share the `Arc` to read them.
     pub stats: Arc<PgStats>,
 }
@@ -99,41 +135,125 @@ impl Default for PgLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             max_sql_bytes: crate::config::HttpOptions::default().max_sql_bytes,
+            session: PgSessionLimits::default(),
             stats: Arc::default(),
         }
     }
 }
 
-/// What the limits did, totals since start (except [`PgStats::active`]).
+/// `[pg]`'s limits beyond `max_connections` and `auth_timeout`: connections logging in,
+/// per user, idle and stalled ones, and what one session may hold through the extended
+/// protocol. The defaults are the documented ones (`docs/security.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgSessionLimits {
+    /// Connections still logging in at once (TLS, startup, password); one more closes
+    /// the oldest of them. Counted apart from `max_connections`.
+    pub max_preauth_connections: usize,
+    /// Sessions one user may have open; `None`: a quarter of `max_connections` (at
+    /// least 1).
+    pub max_connections_per_user: Option<usize>,
+    /// A logged-in session that sends nothing for this long is closed (FATAL 57P05);
+    /// `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// A message begun must arrive whole within this, and an answer must not wait on a
+    /// client that does not read for longer; otherwise the connection is closed.
+    pub message_timeout: Duration,
+    /// Prepared statements one connection may have.
+    pub max_statements: usize,
+    /// Portals one connection may have open, suspended ones included.
+    pub max_portals: usize,
+    /// One bound parameter value, in bytes.
+    pub max_param_bytes: usize,
+    /// What one connection may hold: statement texts, bound values and the buffered
+    /// rest of suspended portals' results.
+    pub max_session_bytes: usize,
+    /// What all connections together may hold beyond each one's first
+    /// [`session::OWN_BYTES`] (2 MiB).
+    pub max_total_session_bytes: usize,
+}
+
+impl Default for PgSessionLimits {
+    fn default() -> Self {
+        PgSessionLimits {
+            max_preauth_connections: 128,
+            max_connections_per_user: None,
+            idle_timeout: Some(Duration::from_secs(600)),
+            message_timeout: Duration::from_secs(30),
+            max_statements: 1024,
+            max_portals: 64,
+            max_param_bytes: 1 << 20,
+            max_session_bytes: 64 << 20,
+            max_total_session_bytes: 1 << 30,
+        }
+    }
+}
+
+impl PgSessionLimits {
+    /// Sessions one user may have, given `max_connections`.
+    pub fn per_user(&self, max_connections: usize) -> usize {
+        self.max_connections_per_user.unwrap_or(max_connections / 4).max(1)
+    }
+}
+
+/// What the limits did, totals since start (except [`PgStats::active`] and
+/// [`PgStats::held_bytes`]).
 #[derive(Debug, Default)]
 pub struct PgStats {
     accepted: AtomicU64,
     active: AtomicU64,
     rejected: AtomicU64,
+    preauth_evicted: AtomicU64,
     auth_timeouts: AtomicU64,
+    idle_timeouts: AtomicU64,
+    message_timeouts: AtomicU64,
     oversized: AtomicU64,
+    session_refusals: AtomicU64,
+    held_bytes: AtomicUsize,
 }
 
 impl PgStats {
-    /// Connections accepted (not rejected).
+    /// Connections accepted.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
     }
-    /// Connections open now.
+    /// Connections open now (logging in or logged in).
     pub fn active(&self) -> u64 {
         self.active.load(Ordering::Relaxed)
     }
-    /// Connections closed at accept because `max_connections` were open.
+    /// Logins refused because `max_connections` sessions, or `max_connections_per_user`
+    /// of the user's, were open.
     pub fn rejected(&self) -> u64 {
         self.rejected.load(Ordering::Relaxed)
+    }
+    /// Connections still logging in closed to make room (`max_preauth_connections`).
+    pub fn preauth_evicted(&self) -> u64 {
+        self.preauth_evicted.load(Ordering::Relaxed)
     }
     /// Connections closed because startup and authentication took too long.
     pub fn auth_timeouts(&self) -> u64 {
         self.auth_timeouts.load(Ordering::Relaxed)
     }
+    /// Sessions closed after `idle_timeout`.
+    pub fn idle_timeouts(&self) -> u64 {
+        self.idle_timeouts.load(Ordering::Relaxed)
+    }
+    /// Connections closed because a message (theirs or the answer) stalled past
+    /// `message_timeout`.
+    pub fn message_timeouts(&self) -> u64 {
+        self.message_timeouts.load(Ordering::Relaxed)
+    }
     /// Queries (and other messages) refused for their size.
     pub fn oversized(&self) -> u64 {
         self.oversized.load(Ordering::Relaxed)
+    }
+    /// Parse, Bind and Execute refused by a session limit (statements, portals, bytes).
+    pub fn session_refusals(&self) -> u64 {
+        self.session_refusals.load(Ordering::Relaxed)
+    }
+    /// Bytes the sessions hold now beyond each one's own first 2 MiB
+    /// (`max_total_session_bytes` bounds it).
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -178,6 +298,8 @@ struct Shared {
     /// sends a password in the clear.
     require_tls: bool,
     limits: PgLimits,
+    slots: Arc<Slots>,
+    pids: RandomPidSecretKeyGenerator,
 }
 
 /// The query handlers (simple and extended protocol) of one connection.
@@ -186,6 +308,14 @@ struct Queries {
     /// What [`Guard`] saw on this connection.
     seen: Arc<Seen>,
     parser: Arc<Parser>,
+    /// What this connection's statements and portals hold (`session`).
+    ledger: Mutex<Ledger>,
+}
+
+impl Queries {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Set by a connection's [`Guard`] as the client's bytes pass, read by its handlers.
@@ -194,17 +324,49 @@ struct Seen {
     /// Length of the query text `Guard` dropped (0: none): the empty query it passed on
     /// instead stands for it.
     dropped_query: AtomicUsize,
+    /// Length of a Parse message `Guard` dropped (0: none): the empty Parse it passed on
+    /// stands for it.
+    dropped_parse: AtomicUsize,
+    /// Length of a Bind message `Guard` dropped (0: none): the empty Bind it passed on
+    /// stands for it.
+    dropped_bind: AtomicUsize,
     /// Length of a message over the limit that ended the connection (0: none).
     fatal_message: AtomicUsize,
 }
 
+impl Seen {
+    /// A stand-in's flag is taken by the handler of the stand-in, the very next message;
+    /// only after an error (the extended protocol then skips to Sync) can one be left
+    /// over, and Sync clears it.
+    fn clear(&self) {
+        self.dropped_query.store(0, Ordering::Relaxed);
+        self.dropped_parse.store(0, Ordering::Relaxed);
+        self.dropped_bind.store(0, Ordering::Relaxed);
+    }
+}
+
+/// An ErrorResponse (severity ERROR) with this SQLSTATE.
+fn error(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new("ERROR".to_owned(), code.to_owned(), message)))
+}
+
 /// The ErrorResponse for a query text over `[sql] max_body_bytes`.
 fn too_long(len: usize, max: usize) -> PgWireError {
-    PgWireError::UserError(Box::new(ErrorInfo::new(
-        "ERROR".to_owned(),
-        "54000".to_owned(),
+    error(
+        "54000",
         format!("the query text ({len} bytes) is larger than the server's limit of {max} bytes (sql.max_body_bytes)"),
-    )))
+    )
+}
+
+/// The ErrorResponse for a Parse or Bind message `Guard` dropped.
+fn message_too_long(what: &str, len: usize, max: usize) -> PgWireError {
+    error(
+        "54000",
+        format!(
+            "a {what} message of {len} bytes is larger than the server's limit of {max} bytes \
+             (sql.max_body_bytes + 64 KiB)"
+        ),
+    )
 }
 
 /// Maps a query error to the SQLSTATE a PostgreSQL client understands.
@@ -260,6 +422,65 @@ fn session_noop(query: &str) -> Option<&'static str> {
         "DISCARD" => Some("DISCARD ALL"),
         _ => None,
     }
+}
+
+/// `SET ROLE …`, `SET SESSION AUTHORIZATION …` (with `SESSION`/`LOCAL`, or as `SET role
+/// TO …`): a client must not believe it changed who it is, so these are refused rather
+/// than acknowledged like the other `SET`s.
+fn changes_identity(query: &str) -> bool {
+    let words: Vec<String> = query
+        .split(|c: char| c.is_whitespace() || c == ';' || c == '=')
+        .filter(|w| !w.is_empty())
+        .take(4)
+        .map(|w| w.trim_matches('"').to_ascii_lowercase())
+        .collect();
+    let Some((first, mut rest)) = words.split_first() else { return false };
+    if first != "set" {
+        return false;
+    }
+    if let [scope, next, ..] = rest
+        && (scope == "local" || (scope == "session" && next != "authorization"))
+    {
+        rest = &rest[1..];
+    }
+    matches!(rest, [role, ..] if role == "role")
+        || matches!(rest, [session, authorization, ..] if session == "session" && authorization == "authorization")
+}
+
+fn identity_refused() -> PgWireError {
+    error(
+        "42501",
+        "SET ROLE and SET SESSION AUTHORIZATION are not supported: a session keeps the user (and the role) it \
+         logged in with; log in as another [pg] user instead"
+            .to_owned(),
+    )
+}
+
+/// `DEALLOCATE [PREPARE] name | ALL`: `Some(None)` for ALL. An unquoted name is folded
+/// to lower case, as PostgreSQL does.
+fn deallocate(query: &str) -> Option<Option<String>> {
+    let mut words = query.split(|c: char| c.is_whitespace() || c == ';').filter(|w| !w.is_empty());
+    if !words.next()?.eq_ignore_ascii_case("DEALLOCATE") {
+        return None;
+    }
+    let mut name = words.next()?;
+    if name.eq_ignore_ascii_case("PREPARE") {
+        name = words.next()?;
+    }
+    if name.eq_ignore_ascii_case("ALL") {
+        return Some(None);
+    }
+    Some(Some(match name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+        Some(quoted) => quoted.replace("\"\"", "\""),
+        None => name.to_ascii_lowercase(),
+    }))
+}
+
+/// `DISCARD ALL`: closes every prepared statement and portal of the connection too.
+fn discards_all(query: &str) -> bool {
+    let mut words = query.split(|c: char| c.is_whitespace() || c == ';').filter(|w| !w.is_empty());
+    words.next().is_some_and(|w| w.eq_ignore_ascii_case("DISCARD"))
+        && words.next().is_some_and(|w| w.eq_ignore_ascii_case("ALL"))
 }
 
 /// The answer to a session statement: `BEGIN` opens a (read-only, effect-free)
@@ -334,6 +555,15 @@ impl SimpleQueryHandler for Queries {
             // Grafana's health check and connection pools send `-- ping`.
             return Ok(vec![Response::EmptyQuery]);
         }
+        if changes_identity(query) {
+            return Err(identity_refused());
+        }
+        if let Some(name) = deallocate(query) {
+            return Ok(vec![self.deallocate(client.portal_store(), name.as_deref())?]);
+        }
+        if discards_all(query) {
+            self.discard_all(client.portal_store());
+        }
         if let Some(tag) = session_noop(query) {
             return Ok(vec![noop_response(tag)]);
         }
@@ -347,15 +577,47 @@ impl SimpleQueryHandler for Queries {
     }
 }
 
+impl Queries {
+    /// `DEALLOCATE name` / `DEALLOCATE ALL`: the statements leave pgwire's store and the
+    /// ledger.
+    fn deallocate<S: PortalStore>(&self, store: &S, name: Option<&str>) -> PgWireResult<Response> {
+        let mut ledger = self.ledger();
+        let names = match name {
+            None => ledger.statement_names(),
+            Some(n) if ledger.has_statement(n) => vec![n.to_owned()],
+            Some(n) => return Err(error("26000", format!("prepared statement \"{n}\" does not exist"))),
+        };
+        for n in names {
+            store.rm_statement(&n);
+            ledger.forget_statement(&n);
+        }
+        Ok(Response::Execution(Tag::new(if name.is_some() { "DEALLOCATE" } else { "DEALLOCATE ALL" })))
+    }
+
+    /// `DISCARD ALL`: every statement and portal of the connection is closed.
+    fn discard_all<S: PortalStore>(&self, store: &S) {
+        let mut ledger = self.ledger();
+        for n in ledger.statement_names() {
+            store.rm_statement(&n);
+            ledger.forget_statement(&n);
+        }
+        for n in ledger.portal_names() {
+            store.rm_portal(&n);
+            ledger.forget_portal(&n);
+        }
+    }
+}
+
 /// A query's rows as pg rows in `format` (text or binary per column, as the client
-/// asked in Bind; the simple protocol is all text).
+/// asked in Bind; the simple protocol is all text), encoded a batch at a time as they
+/// are sent: a suspended portal holds its Arrow batches (what the engine bounded by
+/// `[query] max_result_bytes`, and what the session's ledger counts), not a second,
+/// encoded copy of them.
 fn encode(result: apron_query::QueryResult, format: &Format) -> PgWireResult<QueryResponse> {
     let fields = Arc::new(arrow_pg::datatypes::arrow_schema_to_pg_fields(&result.schema, format, None)?);
-    let rows: Vec<_> = result
-        .batches
-        .into_iter()
-        .flat_map(|b| arrow_pg::datatypes::encode_recordbatch(fields.clone(), b).collect::<Vec<_>>())
-        .collect();
+    let per_batch = fields.clone();
+    let rows =
+        result.batches.into_iter().flat_map(move |b| arrow_pg::datatypes::encode_recordbatch(per_batch.clone(), b));
     Ok(QueryResponse::new(fields, stream::iter(rows)))
 }
 
@@ -403,6 +665,10 @@ enum Prepared {
     Noop(&'static str),
     /// `SHOW <session parameter>`: its name and fixed value.
     Show(String, &'static str),
+    /// `DEALLOCATE name` (`None`: ALL).
+    Deallocate(Option<String>),
+    /// `DISCARD ALL`.
+    DiscardAll,
     Query(Arc<PreparedQuery>),
 }
 
@@ -432,6 +698,15 @@ impl QueryParser for Parser {
         }
         if is_comment_only(sql) {
             return Ok(None);
+        }
+        if changes_identity(sql) {
+            return Err(identity_refused());
+        }
+        if let Some(name) = deallocate(sql) {
+            return Ok(Some(Prepared::Deallocate(name)));
+        }
+        if discards_all(sql) {
+            return Ok(Some(Prepared::DiscardAll));
         }
         if let Some(tag) = session_noop(sql) {
             return Ok(Some(Prepared::Noop(tag)));
@@ -471,6 +746,9 @@ impl QueryParser for Parser {
     }
 }
 
+/// pgwire's extended-protocol handlers, with the connection's ledger (`session`) kept
+/// beside its statement and portal store: Parse, Bind and Execute are refused before
+/// anything is stored past a limit; Close, Sync, DEALLOCATE and DISCARD ALL give back.
 #[async_trait]
 impl ExtendedQueryHandler for Queries {
     type Statement = Prepared;
@@ -480,7 +758,162 @@ impl ExtendedQueryHandler for Queries {
         self.parser.clone()
     }
 
-    async fn do_query<C>(&self, client: &mut C, portal: &Portal<Prepared>, _max_rows: usize) -> PgWireResult<Response>
+    async fn on_parse<C>(&self, client: &mut C, message: Parse) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let dropped = self.seen.dropped_parse.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            self.shared.limits.stats.oversized.fetch_add(1, Ordering::Relaxed);
+            let max = self.shared.limits.max_sql_bytes.saturating_add(MESSAGE_SLACK);
+            return Err(message_too_long("Parse", dropped, max));
+        }
+        let name = message.name.clone().unwrap_or_else(|| DEFAULT_NAME.to_owned());
+        let bytes = message.query.len() + name.len() + STATEMENT_OVERHEAD;
+        // Refused before it is planned; taken once it is.
+        self.ledger().statement(&name, bytes, false)?;
+        let statement = StoredStatement::parse(client, &message, self.query_parser()).await?;
+        self.ledger().statement(&name, bytes, true)?;
+        match statement {
+            Some(s) => client.portal_store().put_statement(Arc::new(s)),
+            None => client.portal_store().put_empty_statement(&name),
+        }
+        client.send(PgWireBackendMessage::ParseComplete(ParseComplete::new())).await?;
+        Ok(())
+    }
+
+    async fn on_bind<C>(&self, client: &mut C, mut message: Bind) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let limits = &self.shared.limits;
+        let dropped = self.seen.dropped_bind.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            limits.stats.oversized.fetch_add(1, Ordering::Relaxed);
+            return Err(message_too_long("Bind", dropped, limits.max_sql_bytes.saturating_add(MESSAGE_SLACK)));
+        }
+        let max_param = limits.session.max_param_bytes;
+        if let Some((n, len)) = message
+            .parameters
+            .iter()
+            .enumerate()
+            .find_map(|(n, p)| Some((n, p.as_ref()?.len())).filter(|p| p.1 > max_param))
+        {
+            limits.stats.oversized.fetch_add(1, Ordering::Relaxed);
+            return Err(error(
+                "54000",
+                format!(
+                    "parameter ${} is {len} bytes, larger than the server's limit of {max_param} bytes \
+                     (pg.max_param_bytes)",
+                    n + 1
+                ),
+            ));
+        }
+        let statement_name = message.statement_name.clone().unwrap_or_else(|| DEFAULT_NAME.to_owned());
+        let portal_name = message.portal_name.clone().unwrap_or_else(|| DEFAULT_NAME.to_owned());
+        let statement = match client.portal_store().get_statement(&statement_name) {
+            Some(Entry::Value(statement)) => Some(statement),
+            Some(Entry::Empty) => None,
+            None => return Err(PgWireError::StatementNotFound(statement_name)),
+        };
+        if statement.is_none() && !message.parameters.is_empty() {
+            return Err(error(
+                "08P01",
+                format!(
+                    "bind message supplies {} parameters, but prepared statement \"{statement_name}\" requires 0",
+                    message.parameters.len()
+                ),
+            ));
+        }
+        let values: usize = message.parameters.iter().flatten().map(|p| p.len()).sum();
+        self.ledger().portal(&portal_name, &statement_name, values + portal_name.len())?;
+        match statement {
+            Some(statement) => {
+                // The values are slices of the connection's read buffer: copied, a
+                // portal holds what the ledger counts and not the buffer around them.
+                for p in message.parameters.iter_mut().flatten() {
+                    *p = p.to_vec().into();
+                }
+                let portal = Portal::try_new(&message, statement)?;
+                client.portal_store().put_portal(Arc::new(portal));
+            }
+            None => client.portal_store().put_empty_portal(&portal_name),
+        }
+        client.send(PgWireBackendMessage::BindComplete(BindComplete::new())).await?;
+        Ok(())
+    }
+
+    async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message.name.clone().unwrap_or_else(|| DEFAULT_NAME.to_owned());
+        let outcome = self._on_execute(client, message).await;
+        // What the portal holds now: nothing once read to its end, and nothing at all
+        // once gone (COMMIT through the extended protocol drops the unnamed one).
+        match client.portal_store().get_portal(&name) {
+            None => self.ledger().forget_portal(&name),
+            Some(Entry::Value(portal)) => {
+                if self.ledger().suspended(&name)
+                    && !matches!(*portal.state().lock().await, PortalExecutionState::Suspended(_))
+                {
+                    self.ledger().finished(&name);
+                }
+            }
+            Some(Entry::Empty) => {}
+        }
+        outcome
+    }
+
+    async fn on_close<C>(&self, client: &mut C, message: Close) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
+        match message.target_type {
+            TARGET_TYPE_BYTE_STATEMENT => {
+                client.portal_store().rm_statement(name);
+                self.ledger().forget_statement(name);
+            }
+            TARGET_TYPE_BYTE_PORTAL => {
+                client.portal_store().rm_portal(name);
+                self.ledger().forget_portal(name);
+            }
+            _ => {}
+        }
+        client.send(PgWireBackendMessage::CloseComplete(CloseComplete::new())).await?;
+        Ok(())
+    }
+
+    async fn on_sync<C>(&self, client: &mut C, _message: PgSync) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        self.seen.clear();
+        client.portal_store().rm_portal(DEFAULT_NAME);
+        self.ledger().forget_portal(DEFAULT_NAME);
+        let status = client.transaction_status();
+        client.send(PgWireBackendMessage::ReadyForQuery(ReadyForQuery::new(status))).await?;
+        client.flush().await?;
+        Ok(())
+    }
+
+    async fn do_query<C>(&self, client: &mut C, portal: &Portal<Prepared>, max_rows: usize) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Prepared>,
@@ -492,6 +925,11 @@ impl ExtendedQueryHandler for Queries {
             Prepared::Show(name, value) => {
                 return Ok(Response::Query(show_response(name, value, &portal.result_column_format)?));
             }
+            Prepared::Deallocate(name) => return self.deallocate(client.portal_store(), name.as_deref()),
+            Prepared::DiscardAll => {
+                self.discard_all(client.portal_store());
+                return Ok(noop_response("DISCARD ALL"));
+            }
             Prepared::Query(q) => q.clone(),
         };
         // The values as the client typed them (Parse), else as the plan infers them.
@@ -501,57 +939,32 @@ impl ExtendedQueryHandler for Queries {
         let request = Request { sql: q.sql.clone(), pg_client: true, params: Some(params) };
         let result = self.shared.engine.execute_request_as(request, &scope).await.map_err(|e| pg_error(&e))?;
         // pgwire sends at most Execute's row limit and keeps the rest in the portal
-        // (PortalSuspended) for the next Execute.
+        // (PortalSuspended) for the next Execute: counted as the connection's, or
+        // refused before a row is sent.
+        let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
+        if max_rows > 0 && rows > max_rows {
+            let bytes = result.batches.iter().map(|b| b.get_array_memory_size()).sum();
+            self.ledger().suspend(&portal.name, bytes)?;
+        }
         Ok(Response::Query(encode(result, &portal.result_column_format)?))
     }
 }
 
-/// `trust`: accepts only the one user name.
-struct Trust {
-    user: String,
-}
-
-#[async_trait]
-impl NoopStartupHandler for Trust {
-    async fn post_startup<C>(&self, client: &mut C, _message: PgWireFrontendMessage) -> PgWireResult<()>
-    where
-        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        let login = LoginInfo::from_client_info(client);
-        if login.user() == Some(self.user.as_str()) {
-            return Ok(());
-        }
-        Err(PgWireError::UserError(Box::new(ErrorInfo::new(
-            "FATAL".to_owned(),
-            "28000".to_owned(),
-            format!(
-                "role \"{}\" is not allowed: this server accepts user \"{}\"",
-                login.user().unwrap_or(""),
-                self.user
-            ),
-        ))))
+/// `[pg] users` with their passwords, compared in constant time (all of them, so the
+/// time taken does not tell a known user name from an unknown one).
+fn password_ok(users: &[PgUser], user: &str, password: &str) -> bool {
+    let mut ok = false;
+    for u in users {
+        let same = apron_collector::http::constant_time_eq(password.as_bytes(), u.password.as_bytes());
+        ok |= same && u.name == user;
     }
-}
-
-/// `[pg] users` as a pgwire password source. An unknown user gets a password no client
-/// can send, so the answer is the same "password authentication failed".
-#[derive(Debug)]
-struct Users(Arc<[PgUser]>);
-
-#[async_trait]
-impl AuthSource for Users {
-    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
-        let user = login.user().unwrap_or("");
-        let pass = self.0.iter().find(|u| u.name == user).map(|u| u.password.as_bytes().to_vec());
-        Ok(Password::new(None, pass.unwrap_or_else(|| vec![0u8; 64])))
-    }
+    ok
 }
 
 /// One connection's handlers (the query handler knows what its `Guard` saw).
 struct Handlers {
     queries: Arc<Queries>,
+    startup: Arc<Startup>,
 }
 
 impl PgWireServerHandlers for Handlers {
@@ -564,31 +977,31 @@ impl PgWireServerHandlers for Handlers {
     }
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        let shared = &self.queries.shared;
-        Arc::new(Startup { mode: StartupMode::from(&shared.auth), require_tls: shared.require_tls })
+        self.startup.clone()
     }
 }
 
-/// One startup handler type for both modes (pgwire wants a single `impl` type).
+/// Startup and login: `trust` (one user name) or a cleartext password (inside TLS when
+/// configured); then a session slot (`slots`), or FATAL 53300 before AuthenticationOk.
 struct Startup {
-    mode: StartupMode,
-    require_tls: bool,
+    shared: Arc<Shared>,
+    /// The logged-in session's slot, held while the connection lives.
+    login: Mutex<Option<Login>>,
 }
 
-enum StartupMode {
-    Trust(Trust),
-    Password(Box<CleartextPasswordAuthStartupHandler<Users, DefaultServerParameterProvider>>),
-}
-
-impl From<&PgAuth> for StartupMode {
-    fn from(a: &PgAuth) -> StartupMode {
-        match a {
-            PgAuth::Trust { user } => StartupMode::Trust(Trust { user: user.clone() }),
-            PgAuth::Password(users) => StartupMode::Password(Box::new(CleartextPasswordAuthStartupHandler::new(
-                Users(users.clone()),
-                DefaultServerParameterProvider::default(),
-            ))),
-        }
+impl Startup {
+    /// A session slot for `user`, then AuthenticationOk, parameters, key and ReadyForQuery.
+    async fn log_in<C>(&self, client: &mut C, user: &str) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let login = self.shared.slots.login(user)?;
+        *self.login.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(login);
+        let (pid, secret_key) = self.shared.pids.generate(&*client);
+        client.set_pid_and_secret_key(pid, secret_key);
+        finish_authentication(client, &DefaultServerParameterProvider::default()).await
     }
 }
 
@@ -600,17 +1013,45 @@ impl StartupHandler for Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        if self.require_tls && !client.is_secure() {
+        if self.shared.require_tls && !client.is_secure() {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "FATAL".to_owned(),
                 "28000".to_owned(),
                 "this server requires TLS: connect with sslmode=require (or verify-full with its CA)".to_owned(),
             ))));
         }
-        match &self.mode {
-            StartupMode::Trust(t) => t.on_startup(client, message).await,
-            StartupMode::Password(p) => p.on_startup(client, message).await,
+        match message {
+            PgWireFrontendMessage::Startup(ref startup) => {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                let user = LoginInfo::from_client_info(client).user().unwrap_or("").to_owned();
+                match &self.shared.auth {
+                    PgAuth::Trust { user: trusted } if user == *trusted => self.log_in(client, &user).await?,
+                    PgAuth::Trust { user: trusted } => {
+                        return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                            "FATAL".to_owned(),
+                            "28000".to_owned(),
+                            format!("role \"{user}\" is not allowed: this server accepts user \"{trusted}\""),
+                        ))));
+                    }
+                    PgAuth::Password(_) => {
+                        client.set_state(PgWireConnectionState::AuthenticationInProgress);
+                        client.send(PgWireBackendMessage::Authentication(Authentication::CleartextPassword)).await?;
+                    }
+                }
+            }
+            PgWireFrontendMessage::PasswordMessageFamily(password) => {
+                let PgAuth::Password(users) = &self.shared.auth else { return Ok(()) };
+                let password = password.into_password()?;
+                let user = LoginInfo::from_client_info(client).user().unwrap_or("").to_owned();
+                if !password_ok(users, &user, &password.password) {
+                    return Err(PgWireError::InvalidPassword(user));
+                }
+                self.log_in(client, &user).await?;
+            }
+            _ => {}
         }
+        Ok(())
     }
 }
 
@@ -635,13 +1076,10 @@ pub async fn serve_with(
 ) {
     let require_tls = tls.is_some();
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let shared = Arc::new(Shared { engine, auth, require_tls, limits });
+    let slots = Arc::new(Slots::new(&limits));
+    let pids = RandomPidSecretKeyGenerator::default();
+    let shared = Arc::new(Shared { engine, auth, require_tls, limits, slots, pids });
     let stats = shared.limits.stats.clone();
-    // Refusals are logged at most once a minute (an attack would flood the log), with
-    // how many there were since.
-    let mut last_warning: Option<Instant> = None;
-    let mut unreported = 0u64;
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -651,29 +1089,14 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            stats.rejected.fetch_add(1, Ordering::Relaxed);
-            unreported += 1;
-            if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                tracing::warn!(
-                    refused = unreported,
-                    "pg: {} connections are open (pg.max_connections); closing new ones at accept",
-                    shared.limits.max_connections
-                );
-                last_warning = Some(Instant::now());
-                unreported = 0;
-            }
-            tracing::debug!(%peer, "pg: connection limit reached; closing");
-            drop(socket);
-            continue;
-        };
+        // Never refused here: past max_preauth_connections the oldest login in
+        // progress makes way (`slots`); sessions are capped at login.
+        let ticket = shared.slots.admit();
         stats.accepted.fetch_add(1, Ordering::Relaxed);
         let (shared, tls) = (shared.clone(), tls.clone());
         tokio::spawn(async move {
-            // The slot is held while the connection lives.
-            let _slot = slot;
             shared.limits.stats.active.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = connection(socket, tls, shared.clone()).await {
+            if let Err(e) = connection(socket, tls, shared.clone(), ticket).await {
                 tracing::debug!(%peer, error = %e, "pg: connection ended with an error");
             }
             shared.limits.stats.active.fetch_sub(1, Ordering::Relaxed);
@@ -689,98 +1112,193 @@ async fn send_fatal<S: Sink<PgWireBackendMessage> + Unpin>(socket: &mut S, code:
             .await;
 }
 
+type Socket = Framed<Guard<MaybeTls>, PgWireMessageServerCodec<Prepared>>;
+
+/// What waiting for a logged-in session's next message came to.
+enum Next {
+    Message(PgWireFrontendMessage),
+    /// The client closed the connection.
+    Closed,
+    /// Nothing for `idle_timeout`.
+    Idle(Duration),
+    /// A message begun and not finished within `message_timeout`.
+    Stalled(Duration),
+}
+
+/// The next message of a logged-in session, under `idle_timeout` (from now) and
+/// `message_timeout` (from a message's first byte, as `Guard` saw it).
+async fn next_message(socket: &mut Socket, limits: &PgSessionLimits) -> Result<Next, PgWireError> {
+    let since = tokio::time::Instant::now();
+    let message_timeout = limits.message_timeout;
+    loop {
+        // Wake at the next deadline, and at least every message_timeout to look for a
+        // message begun since.
+        let now = tokio::time::Instant::now();
+        let wake = match socket.get_ref().in_progress() {
+            Some(started) => tokio::time::Instant::from_std(started) + message_timeout,
+            None => limits.idle_timeout.map_or(now + message_timeout, |d| (since + d).min(now + message_timeout)),
+        };
+        tokio::select! {
+            biased;
+            next = socket.next() => {
+                return match next {
+                    Some(Ok(m)) => Ok(Next::Message(m)),
+                    Some(Err(e)) => Err(e),
+                    None => Ok(Next::Closed),
+                };
+            }
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        let now = tokio::time::Instant::now();
+        match socket.get_ref().in_progress() {
+            Some(started) if tokio::time::Instant::from_std(started) + message_timeout <= now => {
+                return Ok(Next::Stalled(message_timeout));
+            }
+            Some(_) => {}
+            None => {
+                if let Some(idle) = limits.idle_timeout.filter(|d| since + *d <= now) {
+                    return Ok(Next::Idle(idle));
+                }
+            }
+        }
+    }
+}
+
 /// One connection: pgwire's own loop (`pgwire::tokio::process_socket`), with the
-/// client's bytes passed through a [`Guard`] and `auth_timeout` instead of pgwire's
-/// fixed 60 s startup timeout.
-async fn connection(socket: TcpStream, tls: Option<tokio_rustls::TlsAcceptor>, shared: Arc<Shared>) -> io::Result<()> {
+/// client's bytes passed through a [`Guard`], `auth_timeout` (and making way for newer
+/// logins, `slots`) instead of pgwire's fixed 60 s startup timeout, and a logged-in
+/// session's idle and message timeouts.
+async fn connection(
+    socket: TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+    ticket: Ticket,
+) -> io::Result<()> {
     let limits = shared.limits.clone();
     let timed_out = || {
         limits.stats.auth_timeouts.fetch_add(1, Ordering::Relaxed);
         tracing::debug!("pg: closing a connection that did not authenticate within {:?}", limits.auth_timeout);
     };
     // TLS, startup and authentication, all of it: a client that connects and sends
-    // nothing, half a handshake or no password holds its slot this long at most.
+    // nothing, half a handshake or no password holds its place this long at most, and
+    // less when newer connections need it.
     let deadline = tokio::time::sleep(limits.auth_timeout);
     tokio::pin!(deadline);
+    let evicted = ticket.evicted.clone();
     let negotiated = tokio::select! {
         () = &mut deadline => {
             timed_out();
             return Ok(());
         }
-        n = negotiate_tls(socket, tls) => n?,
+        () = evicted.notified() => return Ok(()),
+        n = negotiate_tls::<Prepared>(socket, tls) => n?,
     };
     // A direct TLS connection without TLS configured: nothing to say to it.
     let Some(framed) = negotiated else { return Ok(()) };
     let seen = Arc::new(Seen::default());
     let max_message = limits.max_sql_bytes.saturating_add(MESSAGE_SLACK);
     let parts = framed.into_parts();
-    let guard = Guard::new(parts.io, &parts.read_buf, limits.max_sql_bytes, max_message, seen.clone());
+    let guard = Guard::new(
+        parts.io,
+        &parts.read_buf,
+        limits.max_sql_bytes,
+        max_message,
+        limits.session.message_timeout,
+        seen.clone(),
+    );
     let mut parts_now = FramedParts::new::<PgWireBackendMessage>(guard, parts.codec);
     parts_now.write_buf = parts.write_buf;
-    let mut socket = Framed::from_parts(parts_now);
+    let mut socket: Socket = Framed::from_parts(parts_now);
 
     let parser = Arc::new(Parser { shared: shared.clone() });
-    let handlers = Handlers { queries: Arc::new(Queries { shared, seen: seen.clone(), parser }) };
-    let startup_handler = handlers.startup_handler();
-    let simple_query_handler = handlers.simple_query_handler();
-    let extended_query_handler = handlers.extended_query_handler();
+    let ledger = Mutex::new(Ledger::new(limits.session.clone(), limits.stats.clone()));
+    let startup = Arc::new(Startup { shared: shared.clone(), login: Mutex::new(None) });
+    let handlers = Handlers { queries: Arc::new(Queries { shared, seen: seen.clone(), parser, ledger }), startup };
+    let startup_handler = handlers.startup.clone();
+    let simple_query_handler = handlers.queries.clone();
+    let extended_query_handler = handlers.queries.clone();
     let copy_handler = handlers.copy_handler();
     let cancel_handler = handlers.cancel_handler();
     let error_handler = handlers.error_handler();
+    let mut ticket = Some(ticket);
     loop {
         let authenticating = matches!(
             socket.state(),
             PgWireConnectionState::AwaitingStartup | PgWireConnectionState::AuthenticationInProgress
         );
-        let step = async {
-            let msg = match socket.next().await {
-                Some(Ok(msg)) => msg,
-                Some(Err(e)) => return Err(e),
-                None => return Ok(false),
-            };
-            // Terminate: the client is leaving; close (some clients wait for it).
-            if matches!(msg, PgWireFrontendMessage::Terminate(_)) {
-                return Ok(false);
-            }
-            let is_extended_query = match socket.state() {
-                PgWireConnectionState::CopyInProgress(is_extended_query) => is_extended_query,
-                _ => msg.is_extended_query(),
-            };
-            if let Err(mut e) = process_message(
-                msg,
-                &mut socket,
-                startup_handler.clone(),
-                simple_query_handler.clone(),
-                extended_query_handler.clone(),
-                copy_handler.clone(),
-                cancel_handler.clone(),
-            )
-            .await
-            {
-                error_handler.on_error(&socket, &mut e);
-                process_error(&mut socket, e, is_extended_query).await?;
-            }
-            Ok(true)
-        };
+        if !authenticating {
+            // Logged in: its place among those logging in is free for the next.
+            drop(ticket.take());
+        }
         let outcome = if authenticating {
+            let step = async {
+                let msg = match socket.next().await {
+                    Some(Ok(msg)) => msg,
+                    Some(Err(e)) => return Err(e),
+                    None => return Ok(false),
+                };
+                handle(
+                    &mut socket,
+                    msg,
+                    (&startup_handler, &simple_query_handler, &extended_query_handler),
+                    (&copy_handler, &cancel_handler, &error_handler),
+                )
+                .await
+            };
             tokio::select! {
-                () = &mut deadline => None,
-                r = step => Some(r),
+                () = &mut deadline => {
+                    timed_out();
+                    let message =
+                        format!("canceling authentication due to timeout ({:?}, pg.auth_timeout)", limits.auth_timeout);
+                    send_fatal(&mut socket, "57014", message).await;
+                    return Ok(());
+                }
+                () = evicted.notified() => {
+                    let message = format!(
+                        "too many connections are logging in at once (pg.max_preauth_connections = {}); \
+                         this one, the oldest, was closed to make room: connect again",
+                        limits.session.max_preauth_connections
+                    );
+                    send_fatal(&mut socket, "53300", message).await;
+                    return Ok(());
+                }
+                r = step => r,
             }
         } else {
-            Some(step.await)
+            match next_message(&mut socket, &limits.session).await {
+                Ok(Next::Message(msg)) => {
+                    handle(
+                        &mut socket,
+                        msg,
+                        (&startup_handler, &simple_query_handler, &extended_query_handler),
+                        (&copy_handler, &cancel_handler, &error_handler),
+                    )
+                    .await
+                }
+                Ok(Next::Closed) => Ok(false),
+                Ok(Next::Idle(idle)) => {
+                    limits.stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+                    let message =
+                        format!("terminating connection due to idle-session timeout ({idle:?}, pg.idle_timeout)");
+                    send_fatal(&mut socket, "57P05", message).await;
+                    return Ok(());
+                }
+                Ok(Next::Stalled(limit)) => {
+                    limits.stats.message_timeouts.fetch_add(1, Ordering::Relaxed);
+                    let message = format!(
+                        "terminating connection: a message was begun and not finished within {limit:?} \
+                         (pg.message_timeout)"
+                    );
+                    send_fatal(&mut socket, "08P01", message).await;
+                    return Ok(());
+                }
+                Err(e) => Err(e),
+            }
         };
         match outcome {
-            Some(Ok(true)) => {}
-            Some(Ok(false)) => return Ok(()),
-            None => {
-                timed_out();
-                let message =
-                    format!("canceling authentication due to timeout ({:?}, pg.auth_timeout)", limits.auth_timeout);
-                send_fatal(&mut socket, "57014", message).await;
-                return Ok(());
-            }
-            Some(Err(e)) => {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) => {
                 let len = seen.fatal_message.load(Ordering::Relaxed);
                 if len > 0 {
                     limits.stats.oversized.fetch_add(1, Ordering::Relaxed);
@@ -789,11 +1307,52 @@ async fn connection(socket: TcpStream, tls: Option<tokio_rustls::TlsAcceptor>, s
                          (sql.max_body_bytes + 64 KiB)"
                     );
                     send_fatal(&mut socket, "54000", message).await;
+                } else if socket.get_ref().write_stalled() {
+                    limits.stats.message_timeouts.fetch_add(1, Ordering::Relaxed);
                 }
                 return Err(io::Error::other(e.to_string()));
             }
         }
     }
+}
+
+/// One message through pgwire's dispatch (`process_message`), its error answered as
+/// pgwire's loop does. `Ok(false)`: the client is leaving.
+async fn handle<A, Q, E, C, X, H>(
+    socket: &mut Socket,
+    msg: PgWireFrontendMessage,
+    (startup, simple, extended): (&Arc<A>, &Arc<Q>, &Arc<E>),
+    (copy, cancel, errors): (&Arc<C>, &Arc<X>, &Arc<H>),
+) -> Result<bool, PgWireError>
+where
+    A: StartupHandler,
+    Q: SimpleQueryHandler,
+    E: ExtendedQueryHandler<Statement = Prepared>,
+    C: pgwire::api::copy::CopyHandler,
+    X: pgwire::api::cancel::CancelHandler,
+    H: ErrorHandler,
+{
+    // Terminate: the client is leaving; close (some clients wait for it).
+    if matches!(msg, PgWireFrontendMessage::Terminate(_)) {
+        return Ok(false);
+    }
+    let is_extended_query = match socket.state() {
+        PgWireConnectionState::CopyInProgress(is_extended_query) => is_extended_query,
+        _ => msg.is_extended_query(),
+    };
+    if let Err(mut e) =
+        process_message(msg, socket, startup.clone(), simple.clone(), extended.clone(), copy.clone(), cancel.clone())
+            .await
+    {
+        errors.on_error(&*socket, &mut e);
+        // A FATAL one (a wrong password, no session left) ends the connection here,
+        // rather than when the client gets round to closing it.
+        let info = ErrorInfo::from(e);
+        let fatal = info.is_fatal();
+        process_error(socket, PgWireError::UserError(Box::new(info)), is_extended_query).await?;
+        return Ok(!fatal);
+    }
+    Ok(true)
 }
 
 /// The client's bytes (after TLS) on their way to pgwire's decoder, framed as they pass
@@ -806,8 +1365,15 @@ async fn connection(socket: TcpStream, tls: Option<tokio_rustls::TlsAcceptor>, s
 ///   goes on. The stand-in is handed up in a read of its own, after every earlier
 ///   message was complete: the decoder has returned (and the server answered) all of
 ///   them before it sees the stand-in, so the flag cannot be taken by another query.
+/// - A Parse or Bind over `max_message` bytes is dropped the same way, with an empty
+///   Parse or Bind as its stand-in ([`Seen::dropped_parse`], [`Seen::dropped_bind`]):
+///   the handler answers 54000 and the extended protocol goes on after the next Sync.
 /// - Any other message over `max_message` bytes ends the connection (reads fail;
 ///   [`Seen::fatal_message`] says why).
+///
+/// It also tells when the message now arriving began ([`Guard::in_progress`], for
+/// `[pg] message_timeout`), and fails a write that has made no progress for
+/// `write_timeout` (a client that does not read its answer cannot hold it forever).
 ///
 /// The first message (startup or cancel request) has no type byte; every later one has.
 struct Guard<IO> {
@@ -820,8 +1386,8 @@ struct Guard<IO> {
     head: [u8; 5],
     head_len: usize,
     typed: bool,
-    /// Bytes to hand up before anything else: a complete head, or a stand-in query.
-    emit: [u8; 6],
+    /// Bytes to hand up before anything else: a complete head, or a stand-in.
+    emit: [u8; 16],
     emit_start: usize,
     emit_end: usize,
     /// Bytes of the current message still to pass on, or to drop.
@@ -831,15 +1397,33 @@ struct Guard<IO> {
     max_message: usize,
     failed: bool,
     seen: Arc<Seen>,
+    /// When the message now arriving began (its first head byte).
+    started: Option<Instant>,
+    write_timeout: Duration,
+    /// Running while a write waits on the client.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    stalled: bool,
 }
 
 /// The stand-in for a dropped query: `Q`, length 5, an empty NUL-terminated text.
 const STAND_IN: [u8; 6] = [b'Q', 0, 0, 0, 5, 0];
+/// … for a dropped Parse: `P`, length 8, unnamed, an empty text, no parameter types.
+const PARSE_STAND_IN: [u8; 9] = [b'P', 0, 0, 0, 8, 0, 0, 0, 0];
+/// … for a dropped Bind: `B`, length 12, unnamed portal and statement, no formats, no
+/// values.
+const BIND_STAND_IN: [u8; 13] = [b'B', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0];
 
 impl<IO> Guard<IO> {
     /// `unread`: what pgwire had already read past the TLS negotiation (it starts at a
     /// message boundary: the startup message's).
-    fn new(io: IO, unread: &[u8], max_query: usize, max_message: usize, seen: Arc<Seen>) -> Guard<IO> {
+    fn new(
+        io: IO,
+        unread: &[u8],
+        max_query: usize,
+        max_message: usize,
+        write_timeout: Duration,
+        seen: Arc<Seen>,
+    ) -> Guard<IO> {
         let mut raw = vec![0u8; unread.len().max(8 << 10)].into_boxed_slice();
         raw[..unread.len()].copy_from_slice(unread);
         Guard {
@@ -850,7 +1434,7 @@ impl<IO> Guard<IO> {
             head: [0; 5],
             head_len: 0,
             typed: false,
-            emit: [0; 6],
+            emit: [0; 16],
             emit_start: 0,
             emit_end: 0,
             body: 0,
@@ -859,6 +1443,44 @@ impl<IO> Guard<IO> {
             max_message,
             failed: false,
             seen,
+            started: None,
+            write_timeout,
+            stall: None,
+            stalled: false,
+        }
+    }
+
+    /// When the message now arriving began; `None` between messages.
+    fn in_progress(&self) -> Option<Instant> {
+        self.started.filter(|_| self.head_len > 0 || self.body > 0 || self.skip > 0)
+    }
+
+    /// True once a write failed for want of a reader.
+    fn write_stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// Hands up `stand_in` for a message whose `body` bytes are dropped as they arrive.
+    fn stand_in(&mut self, stand_in: &[u8], body: usize) {
+        self.emit[..stand_in.len()].copy_from_slice(stand_in);
+        self.emit_start = 0;
+        self.emit_end = stand_in.len();
+        self.skip = body;
+    }
+
+    /// A write that is not done: fails once it has waited `write_timeout`.
+    fn stalling(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let timeout = self.write_timeout;
+        let stall = self.stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stall.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.stalled = true;
+                Poll::Ready(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client read nothing of its answer for {timeout:?} (pg.message_timeout)"),
+                ))
+            }
         }
     }
 
@@ -877,10 +1499,13 @@ impl<IO> Guard<IO> {
         if ty == Some(b'Q') && body.saturating_sub(1) > self.max_query {
             // The text without its NUL.
             self.seen.dropped_query.store(body - 1, Ordering::Relaxed);
-            self.emit = STAND_IN;
-            self.emit_start = 0;
-            self.emit_end = STAND_IN.len();
-            self.skip = body;
+            self.stand_in(&STAND_IN, body);
+        } else if ty == Some(b'P') && body > self.max_message {
+            self.seen.dropped_parse.store(len, Ordering::Relaxed);
+            self.stand_in(&PARSE_STAND_IN, body);
+        } else if ty == Some(b'B') && body > self.max_message {
+            self.seen.dropped_bind.store(len, Ordering::Relaxed);
+            self.stand_in(&BIND_STAND_IN, body);
         } else if body > self.max_message {
             self.seen.fatal_message.store(len, Ordering::Relaxed);
             self.failed = true;
@@ -928,6 +1553,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guard<IO> {
                     return Poll::Ready(Ok(()));
                 }
                 let need = if this.typed { 5 } else { 4 };
+                if this.head_len == 0 {
+                    this.started = Some(Instant::now());
+                }
                 let n = (need - this.head_len).min(available);
                 this.head[this.head_len..this.head_len + n].copy_from_slice(&this.raw[this.start..this.start + n]);
                 this.head_len += n;
@@ -959,11 +1587,25 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guard<IO> {
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Guard<IO> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write(cx, buf) {
+            Poll::Pending => this.stalling(cx).map(Err),
+            done => {
+                this.stall = None;
+                done
+            }
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_flush(cx) {
+            Poll::Pending => this.stalling(cx).map(Err),
+            done => {
+                this.stall = None;
+                done
+            }
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -987,6 +1629,43 @@ mod tests {
         assert_eq!(session_noop("ROLLBACK TO SAVEPOINT _pg3_1"), Some("ROLLBACK TO"));
         assert_eq!(session_noop("rollback"), Some("ROLLBACK"));
         assert_eq!(session_noop("SAVEPOINT _pg3_1"), Some("SAVEPOINT"));
+    }
+
+    #[test]
+    fn identity_changes_are_told_from_other_settings() {
+        for q in [
+            "SET ROLE finance",
+            "set role = 'finance'",
+            "SET \"role\" TO finance",
+            "SET role='finance'",
+            "SET LOCAL ROLE finance",
+            "SET SESSION ROLE NONE",
+            "SET SESSION AUTHORIZATION finance",
+            "SET SESSION SESSION AUTHORIZATION DEFAULT",
+            "SET LOCAL SESSION AUTHORIZATION finance;",
+        ] {
+            assert!(changes_identity(q), "{q}");
+        }
+        for q in [
+            "SET extra_float_digits = 3",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "SET search_path = public",
+            "SET SESSION timezone TO 'UTC'",
+            "SELECT 'SET ROLE x'",
+            "RESET ROLE",
+        ] {
+            assert!(!changes_identity(q), "{q}");
+        }
+    }
+
+    #[test]
+    fn deallocate_and_discard_are_read() {
+        assert_eq!(deallocate("DEALLOCATE _pg3_0"), Some(Some("_pg3_0".to_owned())));
+        assert_eq!(deallocate("deallocate prepare S_1;"), Some(Some("s_1".to_owned())));
+        assert_eq!(deallocate("DEALLOCATE \"S_1\""), Some(Some("S_1".to_owned())));
+        assert_eq!(deallocate("DEALLOCATE ALL"), Some(None));
+        assert_eq!(deallocate("SELECT 1"), None);
+        assert!(discards_all("DISCARD ALL") && !discards_all("DISCARD PLANS"));
     }
 
     #[test]
@@ -1027,7 +1706,7 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut client, server) = tokio::io::duplex(1 << 16);
         let seen = Arc::new(Seen::default());
-        let mut guard = Guard::new(server, &input[..unread], 10, 100, seen.clone());
+        let mut guard = Guard::new(server, &input[..unread], 10, 100, Duration::from_secs(5), seen.clone());
         let rest = input[unread..].to_vec();
         let writer = tokio::spawn(async move {
             for piece in rest.chunks(chunk) {
@@ -1078,9 +1757,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_guard_drops_oversized_parse_and_bind_messages() {
+        let (parse, bind) = (message(b'P', &[b'a'; 200]), message(b'B', &[b'b'; 300]));
+        let sync = message(b'S', b"");
+        let input = [startup(), parse, sync.clone(), bind, sync.clone(), query("SELECT 1")].concat();
+        for chunk in [1 << 16, 1, 7] {
+            let (out, error, seen) = through_guard(&input, 0, chunk).await;
+            assert!(error.is_none(), "{error:?}");
+            let expected = [
+                startup(),
+                PARSE_STAND_IN.to_vec(),
+                sync.clone(),
+                BIND_STAND_IN.to_vec(),
+                sync.clone(),
+                query("SELECT 1"),
+            ]
+            .concat();
+            assert_eq!(out, expected, "chunk {chunk}");
+            assert_eq!(seen.dropped_parse.load(Ordering::Relaxed), 204);
+            assert_eq!(seen.dropped_bind.load(Ordering::Relaxed), 304);
+        }
+    }
+
+    #[tokio::test]
     async fn the_guard_ends_the_connection_on_other_oversized_messages() {
-        let parse = message(b'P', &[b'a'; 200]);
-        let input = [startup(), query("SELECT 1"), parse].concat();
+        let describe = message(b'D', &[b'a'; 200]);
+        let input = [startup(), query("SELECT 1"), describe].concat();
         let (out, error, seen) = through_guard(&input, 0, 1 << 16).await;
         assert_eq!(out, [startup(), query("SELECT 1")].concat(), "what came before is passed on");
         assert_eq!(error.map(|e| e.kind()), Some(io::ErrorKind::InvalidData));

@@ -27,6 +27,18 @@
 //!    ─► ReadResponse, one QueryResult per query, sample at each window's end
 //! ```
 //!
+//! Remote read is bounded ([`ReadLimits`], `[remote_read]`): at most `max_queries`
+//! queries per request (400 `too_many_queries`, before anything runs), at most
+//! `max_concurrent` requests at once (the others wait up to 5 s, then 503 `busy`). The
+//! queries run one after another; each one's series are encoded into the answer as soon
+//! as it is done and dropped, so a request holds one query's series at a time plus the
+//! encoded answer so far. Samples and bytes are counted as the series are built — the
+//! bytes each sample and each new series add to the encoded answer — and a request is
+//! refused the moment it would pass `max_samples` (400 `too_many_samples`, as
+//! Prometheus' own `--storage.remote.read-sample-limit` answers 400) or `max_bytes`
+//! (413 `response_too_large`), never after building it. Each query's scan is also under
+//! the engine's `[query]` limits (timeout, memory, `max_result_rows`/`max_result_bytes`).
+//!
 //! A resent WriteRequest stores nothing new: its samples are at or before what the
 //! buffer converted (filtered) or overlap the rows they made (dropped by
 //! `store_windows`); one the store refused (503) is converted again when it comes back,
@@ -63,6 +75,79 @@ pub const WRITE_PATH: &str = "/api/v1/write";
 pub const READ_PATH: &str = "/api/v1/read";
 /// Largest remote read request (compressed or not): a few queries of matchers.
 const MAX_READ_BODY: usize = 1 << 20;
+/// How long a remote read waits for one of `[remote_read] max_concurrent` before 503.
+const READ_QUEUE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `[remote_read]`: what one `POST /api/v1/read` may cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Queries in one ReadRequest.
+    pub max_queries: usize,
+    /// Samples in one answer, every query's together.
+    pub max_samples: usize,
+    /// Bytes of one answer (encoded, before compression), counted as it is built.
+    pub max_bytes: usize,
+    /// Remote reads at once.
+    pub max_concurrent: usize,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        // Prometheus sends one query per request (Thanos and others a few); 5 M samples
+        // are ~100 MB of answer, so the bytes cap (64 MiB) binds first for wide series.
+        ReadLimits { max_queries: 16, max_samples: 5_000_000, max_bytes: 64 << 20, max_concurrent: 2 }
+    }
+}
+
+/// What is left of a request's [`ReadLimits`] while its answer is built.
+#[derive(Debug)]
+pub struct Budget {
+    samples: usize,
+    bytes: usize,
+    limits: ReadLimits,
+}
+
+impl Budget {
+    pub fn new(limits: ReadLimits) -> Budget {
+        Budget { samples: 0, bytes: 0, limits }
+    }
+
+    /// Counts `bytes` more of the answer, or refuses them (nothing is added then).
+    fn bytes(&mut self, bytes: usize) -> Result<(), RemoteError> {
+        let total = self.bytes.saturating_add(bytes);
+        if total > self.limits.max_bytes {
+            return Err(RemoteError::ResponseTooLarge { max_bytes: self.limits.max_bytes });
+        }
+        self.bytes = total;
+        Ok(())
+    }
+
+    /// Counts one more sample of `bytes`, or refuses it.
+    fn sample(&mut self, bytes: usize) -> Result<(), RemoteError> {
+        if self.samples >= self.limits.max_samples {
+            return Err(RemoteError::TooManySamples { max_samples: self.limits.max_samples });
+        }
+        self.bytes(bytes)?;
+        self.samples += 1;
+        Ok(())
+    }
+
+    /// Samples and bytes counted so far.
+    pub fn used(&self) -> (usize, usize) {
+        (self.samples, self.bytes)
+    }
+}
+
+/// The bytes a length-delimited field of `len` bytes takes (tag, length, payload).
+fn field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+/// The bytes a new series adds to the answer: its labels and the most its own length
+/// prefix can take (its samples are counted one by one).
+fn series_bytes(labels: &Labels) -> usize {
+    labels.iter().map(|(k, v)| field_len(field_len(k.len()) + field_len(v.len()))).sum::<usize>() + 11
+}
 /// Points of a series kept after conversion, so the next request's first sample stands
 /// for the time since the previous one and the gap rule sees the series' step.
 const CONTEXT: usize = 3;
@@ -184,6 +269,21 @@ pub enum RemoteError {
     Unsupported(String),
     #[error("label matcher {name}{op}{value:?}: {detail}")]
     BadMatcher { name: String, op: &'static str, value: String, detail: String },
+    #[error(
+        "the request has {queries} queries; the limit is {max} per request ([remote_read] max_queries): send them in several requests"
+    )]
+    TooManyQueries { queries: usize, max: usize },
+    #[error(
+        "exceeded sample limit ({max_samples}) of [remote_read] max_samples: narrow the time range or the matchers"
+    )]
+    TooManySamples { max_samples: usize },
+    #[error(
+        "the answer would be larger than {} ([remote_read] max_bytes): narrow the time range or the matchers",
+        apron_query::error::human_bytes(*.max_bytes as u64)
+    )]
+    ResponseTooLarge { max_bytes: usize },
+    #[error("server busy: {max} remote reads are running ([remote_read] max_concurrent); retry shortly")]
+    Busy { max: usize },
     #[error(transparent)]
     Query(#[from] QueryError),
     #[error("converting the samples failed: {0}")]
@@ -201,7 +301,11 @@ impl RemoteError {
             RemoteError::Body(_)
             | RemoteError::NotSnappy(_)
             | RemoteError::NotProtobuf { .. }
-            | RemoteError::BadMatcher { .. } => StatusCode::BAD_REQUEST,
+            | RemoteError::BadMatcher { .. }
+            | RemoteError::TooManyQueries { .. }
+            | RemoteError::TooManySamples { .. } => StatusCode::BAD_REQUEST,
+            RemoteError::ResponseTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            RemoteError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             RemoteError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RemoteError::Query(e) => StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             RemoteError::Store(_) | RemoteError::Convert(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -218,6 +322,10 @@ impl RemoteError {
             RemoteError::NotProtobuf { .. } => "invalid_protobuf",
             RemoteError::Unsupported(_) => "unsupported_media_type",
             RemoteError::BadMatcher { .. } => "invalid_matcher",
+            RemoteError::TooManyQueries { .. } => "too_many_queries",
+            RemoteError::TooManySamples { .. } => "too_many_samples",
+            RemoteError::ResponseTooLarge { .. } => "response_too_large",
+            RemoteError::Busy { .. } => "busy",
             RemoteError::Query(e) => e.code(),
             RemoteError::Store(_) | RemoteError::Convert(_) => "store_failed",
         }
@@ -302,6 +410,9 @@ pub struct RemoteState {
     /// One remote-write request converts and stores at a time.
     buffer: Arc<Mutex<WriteBuffer>>,
     epoch: String,
+    limits: ReadLimits,
+    /// One permit per remote read running (`limits.max_concurrent`).
+    reads: Arc<tokio::sync::Semaphore>,
 }
 
 impl RemoteState {
@@ -312,7 +423,16 @@ impl RemoteState {
             access,
             buffer: Arc::default(),
             epoch: format!("remote-write-{:x}", UnixMicros::now().0),
+            limits: ReadLimits::default(),
+            reads: Arc::new(tokio::sync::Semaphore::new(ReadLimits::default().max_concurrent)),
         }
+    }
+
+    /// Remote read under `limits` (`[remote_read]`) instead of the defaults.
+    pub fn with_limits(mut self, limits: ReadLimits) -> RemoteState {
+        self.reads = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
+        self.limits = limits;
+        self
     }
 }
 
@@ -843,12 +963,26 @@ fn row_labels(style: Style, id: &[Option<String>], gpu_index: Option<i32>) -> La
     l
 }
 
-/// Runs one planned query as `scope` and groups its rows into series.
-pub async fn run_plan(engine: &QueryEngine, plan: &Plan, scope: &Scope) -> Result<proto::QueryResult, RemoteError> {
+/// Runs one planned query as `scope` and groups its rows into series, counting what
+/// each series and sample adds to the answer against `budget` (refused as soon as it
+/// would pass it).
+pub async fn run_plan(
+    engine: &QueryEngine,
+    plan: &Plan,
+    scope: &Scope,
+    budget: &mut Budget,
+) -> Result<proto::QueryResult, RemoteError> {
     let Some(sql) = &plan.sql else { return Ok(proto::QueryResult::default()) };
     let result = engine.execute_as(sql, scope).await?;
     let mut series: BTreeMap<Labels, Vec<proto::Sample>> = BTreeMap::new();
-    let internal = |e: ArrowError| RemoteError::Query(QueryError::Internal { detail: e.to_string() });
+    // Reading our own columns failed: a bug, whose text is the log's, not the client's.
+    let internal = |e: ArrowError| {
+        let id = apron_query::error::error_id();
+        tracing::warn!(error_id = %id, error = %e, "remote read: converting the rows failed");
+        RemoteError::Query(QueryError::Internal {
+            detail: apron_query::error::logged("converting the rows failed", &id),
+        })
+    };
     for b in &result.batches {
         let time = cast(b.column(0), &DataType::Timestamp(TimeUnit::Microsecond, None)).map_err(internal)?;
         let time = time.as_primitive::<TimestampMicrosecondType>();
@@ -891,7 +1025,15 @@ pub async fn run_plan(engine: &QueryEngine, plan: &Plan, scope: &Scope) -> Resul
                     continue;
                 }
                 labels.sort();
-                series.entry(labels).or_default().push(proto::Sample { value: prom_value(f, v), timestamp: t_ms });
+                let sample = proto::Sample { value: prom_value(f, v), timestamp: t_ms };
+                budget.sample(field_len(sample.encoded_len()))?;
+                match series.get_mut(&labels) {
+                    Some(samples) => samples.push(sample),
+                    None => {
+                        budget.bytes(series_bytes(&labels))?;
+                        series.insert(labels, vec![sample]);
+                    }
+                }
             }
         }
     }
@@ -911,16 +1053,16 @@ pub async fn run_plan(engine: &QueryEngine, plan: &Plan, scope: &Scope) -> Resul
 
 async fn read(State(s): State<RemoteState>, request: Request) -> Response {
     match read_request(&s, request).await {
-        Ok(body) => (
-            [(header::CONTENT_TYPE, "application/x-protobuf"), (header::CONTENT_ENCODING, "snappy")],
-            compress(&body.encode_to_vec()),
-        )
-            .into_response(),
+        Ok(body) => {
+            ([(header::CONTENT_TYPE, "application/x-protobuf"), (header::CONTENT_ENCODING, "snappy")], compress(&body))
+                .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
 
-async fn read_request(s: &RemoteState, request: Request) -> Result<proto::ReadResponse, RemoteError> {
+/// The encoded (not yet compressed) `ReadResponse` of a remote read.
+async fn read_request(s: &RemoteState, request: Request) -> Result<Vec<u8>, RemoteError> {
     let (parts, body) = request.into_parts();
     let role = s.access.authenticate(&parts.headers).map_err(RemoteError::Unauthorized)?;
     let scope = role.read_scope().ok_or_else(|| RemoteError::Forbidden(role.to_string()))?;
@@ -932,11 +1074,27 @@ async fn read_request(s: &RemoteState, request: Request) -> Result<proto::ReadRe
             "only the SAMPLES response type is served; accept it in accepted_response_types".to_owned(),
         ));
     }
-    let mut out = proto::ReadResponse::default();
-    for q in &req.queries {
-        let p = plan(q)?;
-        out.results.push(run_plan(&s.engine, &p, &scope).await?);
+    if req.queries.len() > s.limits.max_queries {
+        return Err(RemoteError::TooManyQueries { queries: req.queries.len(), max: s.limits.max_queries });
     }
+    // Every query is checked before any runs.
+    let plans = req.queries.iter().map(plan).collect::<Result<Vec<_>, _>>()?;
+    let _running = match tokio::time::timeout(READ_QUEUE_TIMEOUT, s.reads.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => permit,
+        _ => return Err(RemoteError::Busy { max: s.limits.max_concurrent }),
+    };
+    // One query at a time; each one's series encoded (field 1 of ReadResponse, one
+    // QueryResult per query, in order) and dropped before the next runs.
+    let mut budget = Budget::new(s.limits);
+    let mut out = Vec::new();
+    for p in &plans {
+        // The QueryResult's own tag and length.
+        budget.bytes(6)?;
+        let result = run_plan(&s.engine, p, &scope, &mut budget).await?;
+        prost::encoding::message::encode(1, &result, &mut out);
+    }
+    let (samples, bytes) = budget.used();
+    tracing::debug!(queries = plans.len(), samples, bytes, "remote read");
     Ok(out)
 }
 

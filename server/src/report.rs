@@ -513,7 +513,14 @@ async fn weekly(
     };
     let files = match produced {
         Ok(files) => files,
-        Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "report_failed", &e.to_string()),
+        // The report's SQL and the model's text stay in the log, under the answer's id.
+        Err(e) => {
+            let query = match &e {
+                ReportError::Query(q) => Some(q),
+                _ => None,
+            };
+            return crate::access::internal_error("the weekly report", "report_failed", &e, query);
+        }
     };
     let body = if format == ReportFormat::Csv {
         let want = format!("{}.csv", q.table.as_deref().unwrap_or("teams"));

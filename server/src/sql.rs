@@ -156,18 +156,14 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
     let stale = state.engine.stale_shards().await;
     match state.engine.execute_as(text, &scope).await {
         Ok(result) => {
-            // Rendering a large Parquet result is CPU work: keep it off the I/O threads.
-            let trailer = stale.clone();
+            // Rendered off the I/O threads, bounded in number and size like the query.
             let distributed = result.distributed;
-            let rendered = tokio::task::spawn_blocking(move || match format {
-                Format::Json if !trailer.is_empty() => {
-                    result.render_json_with(&[("stale_shards", serde_json::json!(trailer))])
-                }
-                _ => result.render(format),
-            })
-            .await;
-            match rendered {
-                Ok(Ok(bytes)) => {
+            let members = match format {
+                Format::Json if !stale.is_empty() => vec![("stale_shards", serde_json::json!(stale))],
+                _ => Vec::new(),
+            };
+            match state.engine.render(result, format, members).await {
+                Ok(bytes) => {
                     let mut r = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
                     if !stale.is_empty()
                         && let Ok(v) = HeaderValue::from_str(&stale.join(","))
@@ -179,8 +175,7 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
                     }
                     r
                 }
-                Ok(Err(e)) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "render_failed", &e.to_string()),
-                Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "render_failed", &e.to_string()),
+                Err(e) => query_error(&e),
             }
         }
         Err(e) => query_error(&e),

@@ -19,6 +19,8 @@ mod ballista;
 mod cluster;
 #[path = "server/cost.rs"]
 mod cost;
+#[path = "server/fairness.rs"]
+mod fairness;
 #[path = "server/fuzz_regressions.rs"]
 mod fuzz_regressions;
 #[path = "server/handover.rs"]
@@ -31,8 +33,12 @@ mod import;
 mod incremental;
 #[path = "server/insights.rs"]
 mod insights;
+#[path = "server/leaks.rs"]
+mod leaks;
 #[path = "server/pg_clients.rs"]
 mod pg_clients;
+#[path = "server/pg_limits.rs"]
+mod pg_limits;
 #[path = "server/prom_remote.rs"]
 mod prom_remote;
 #[path = "server/rollup.rs"]

@@ -64,6 +64,35 @@ pub enum RecommendError {
     Hours(#[from] HoursError),
 }
 
+impl RecommendError {
+    /// The engine's error, when one of the run's queries failed (its limit decides the
+    /// answer's status: 504, 507, 503).
+    pub fn query_error(&self) -> Option<&apron_query::QueryError> {
+        match self {
+            RecommendError::Sql(SqlError::Query { source, .. }) => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Why an on-demand run ([`Recommender::on_demand`]) gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum OnDemandError {
+    /// `[recommend] on_demand_max_concurrent` runs are in progress already.
+    #[error(
+        "{running} on-demand recommendation run(s) already in progress ([recommend] on_demand_max_concurrent); retry in a few seconds"
+    )]
+    Busy { running: usize },
+    #[error(transparent)]
+    Failed(#[from] RecommendError),
+}
+
+/// How long a client is asked to wait when every on-demand run slot is taken.
+pub const ON_DEMAND_RETRY_AFTER_S: u64 = 5;
+
+/// Finished on-demand sets kept (the newest; each for `[recommend] on_demand_cache`).
+const ON_DEMAND_CACHED: usize = 8;
+
 /// A window's figures per (GPU, owner), what its windows cover, and the MIG parents
 /// left out of them.
 struct Gathered {
@@ -108,6 +137,13 @@ pub struct RecommendSettings {
     /// A run reads each hour this many GPUs at a time, so its memory follows this, not
     /// the fleet's size (the per-minute spread alone is GPUs × 60 groups).
     pub gpus_per_query: usize,
+    /// `GET /api/v1/recommendations` answers a window asked for again within this with
+    /// the set already computed for it (0s: every request computes).
+    #[serde(deserialize_with = "apron_common::duration::deserialize")]
+    pub on_demand_cache: Duration,
+    /// On-demand runs (the API's, fleet-wide on the server's reserved query slots) at
+    /// once, whoever asks; a request beyond is 503 `busy` with `Retry-After` (at least 1).
+    pub on_demand_max_concurrent: usize,
     pub rules: RecommendConfig,
 }
 
@@ -118,6 +154,8 @@ impl Default for RecommendSettings {
             window: Duration::from_secs(7 * 86_400),
             interval: Duration::from_secs(900),
             gpus_per_query: 1024,
+            on_demand_cache: Duration::from_secs(60),
+            on_demand_max_concurrent: 1,
             rules: RecommendConfig::default(),
         }
     }
@@ -157,6 +195,12 @@ pub struct Recommender {
     pieces_read: std::sync::atomic::AtomicU64,
     /// Proposals replayed from raw windows (an hour's minutes could not be kept).
     raw_replays: std::sync::atomic::AtomicU64,
+    /// On-demand runs in progress ([`Recommender::on_demand`]).
+    on_demand_runs: Arc<tokio::sync::Semaphore>,
+    /// Finished on-demand sets: (window, when finished, set), newest last.
+    on_demand_sets: std::sync::Mutex<Vec<(Duration, std::time::Instant, Arc<RecommendationSet>)>>,
+    /// On-demand runs started so far.
+    on_demand_started: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Recommender {
@@ -172,11 +216,15 @@ impl Recommender {
         settings: RecommendSettings,
         table: Arc<SnapshotTable>,
     ) -> Recommender {
+        let runs = settings.on_demand_max_concurrent.max(1);
         Recommender {
             engine,
             ledger,
             settings,
             table,
+            on_demand_runs: Arc::new(tokio::sync::Semaphore::new(runs)),
+            on_demand_sets: std::sync::Mutex::new(Vec::new()),
+            on_demand_started: std::sync::atomic::AtomicU64::new(0),
             kick: tokio::sync::Notify::new(),
             hours: tokio::sync::Mutex::new(None),
             pieces_read: std::sync::atomic::AtomicU64::new(0),
@@ -203,6 +251,49 @@ impl Recommender {
     /// (0 while every hour's minutes could be kept).
     pub fn raw_replays(&self) -> u64 {
         self.raw_replays.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many on-demand runs have started (cached answers start none).
+    pub fn on_demand_started(&self) -> u64 {
+        self.on_demand_started.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Recommendations for the window ending now, for a client (`GET
+    /// /api/v1/recommendations`): the set computed for the same window within
+    /// `[recommend] on_demand_cache`, else a new run — at most
+    /// `on_demand_max_concurrent` at once, server-wide. A run is fleet-wide on the
+    /// server's reserved query slots whoever asks (the caller filters it), so clients
+    /// must not be able to start them without bound.
+    pub async fn on_demand(&self, window: Duration) -> Result<Arc<RecommendationSet>, OnDemandError> {
+        if let Some(set) = self.cached(window) {
+            return Ok(set);
+        }
+        let running = self.settings.on_demand_max_concurrent.max(1);
+        let Ok(_run) = self.on_demand_runs.clone().try_acquire_owned() else {
+            return Err(OnDemandError::Busy { running });
+        };
+        // A run of the same window may have finished while this one waited for the slot.
+        if let Some(set) = self.cached(window) {
+            return Ok(set);
+        }
+        self.on_demand_started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let set = Arc::new(self.compute(window, UnixMicros::now().0).await?);
+        if !self.settings.on_demand_cache.is_zero() {
+            let mut sets = self.on_demand_sets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let ttl = self.settings.on_demand_cache;
+            sets.retain(|(w, at, _)| *w != window && at.elapsed() < ttl);
+            sets.push((window, std::time::Instant::now(), set.clone()));
+            let over = sets.len().saturating_sub(ON_DEMAND_CACHED);
+            sets.drain(..over);
+        }
+        Ok(set)
+    }
+
+    /// The set of an on-demand run of `window` finished within `on_demand_cache`.
+    fn cached(&self, window: Duration) -> Option<Arc<RecommendationSet>> {
+        let ttl = self.settings.on_demand_cache;
+        let sets = self.on_demand_sets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        sets.iter().rev().find(|(w, at, _)| *w == window && at.elapsed() < ttl).map(|(_, _, set)| set.clone())
     }
 
     async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, RecommendError> {

@@ -215,7 +215,7 @@ fn startup_message() -> Vec<u8> {
 }
 
 #[test]
-fn pg_connections_are_capped_and_must_authenticate_in_time() {
+fn pg_connections_must_authenticate_in_time() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let server = start(dir.path(), "", &pg_section(port, "max_connections = 8\nauth_timeout = \"2s\"\n"));
@@ -247,15 +247,9 @@ fn pg_connections_are_capped_and_must_authenticate_in_time() {
     // The silent ones are accepted by now too (the accept loop takes them in order).
     std::thread::sleep(Duration::from_millis(200));
 
-    // Over the cap: closed at accept, long before any authentication timeout.
-    for _ in 0..4 {
-        let mut s = TcpStream::connect(pg).expect("connect");
-        let connected = Instant::now();
-        let (got, closed) = read_until_closed(&mut s, connected, Duration::from_secs(5));
-        assert!(got.is_empty(), "{got:?}");
-        let closed = closed.expect("closed");
-        assert!(closed < Duration::from_millis(1000), "closed after {closed:?}");
-    }
+    // Connections that have not logged in take no session (pg.max_preauth_connections
+    // counts them apart; pg_limits.rs floods it): psql still logs in.
+    assert_eq!(psql_select_1(port), Some(()));
     healthy(server.addr);
 
     // The stalled ones are closed at the authentication deadline.
@@ -276,8 +270,7 @@ fn pg_connections_are_capped_and_must_authenticate_in_time() {
     // Slots are free again: psql connects, and the HTTP side never noticed.
     poll("psql after the flood", Duration::from_secs(10), || psql_select_1(port));
     healthy(server.addr);
-    let log = server.stop();
-    assert!(log.contains("pg.max_connections"), "the refusals are logged:\n{log}");
+    server.stop();
 }
 
 #[test]
