@@ -735,6 +735,7 @@ impl Inner {
         scheduler: Option<String>,
     ) -> Result<QueryResult, QueryError> {
         let df_err = |e| self.df_err(e);
+        let explain = matches!(plan, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_));
         let frame = DataFrame::new(state, plan);
         let task = Arc::new(frame.task_ctx());
         let physical = frame.create_physical_plan().await.map_err(df_err)?;
@@ -763,8 +764,31 @@ impl Inner {
         if let Some(job) = job {
             job.finished();
         }
+        if explain {
+            // Plans name the data files and the byte ranges each partition reads: where
+            // and how the server stores data is nobody's business, viewers' included.
+            batches = batches.iter().map(redact_batch).collect::<Result<_, _>>()?;
+        }
         Ok(QueryResult { schema, batches, distributed: false })
     }
+}
+
+/// `batch` with every path in its text columns redacted ([`crate::error::redact_plan_paths`]).
+fn redact_batch(batch: &datafusion::arrow::array::RecordBatch) -> Result<datafusion::arrow::array::RecordBatch, QueryError> {
+    use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8 => {
+                let text = c.as_string::<i32>();
+                Arc::new(text.iter().map(|v| v.map(crate::error::redact_plan_paths)).collect::<StringArray>()) as ArrayRef
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    datafusion::arrow::array::RecordBatch::try_new(batch.schema(), columns)
+        .map_err(|e| QueryError::Internal { detail: format!("redacting a plan: {e}") })
 }
 
 /// The session options every Apron session runs with: the query server's, and the

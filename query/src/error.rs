@@ -445,6 +445,32 @@ fn describe(code: &str) -> &'static str {
 /// not tell a client where or how the server stores data. A path is a run of
 /// non-delimiters with at least two `/` (from the first `/`, or from the URL's scheme).
 pub fn redact_paths(text: &str) -> String {
+    redact_paths_with(text, |token, start| format!("{}<path>", &token[..start]))
+}
+
+/// [`redact_paths`] for a plan (`EXPLAIN`): a data file keeps its place in the lake —
+/// from its table's directory on (`gpu_samples/date=2026-11-19/….parquet`), which
+/// `docs/architecture.md` documents and pruning is read from — but loses the server's
+/// data directory and the byte range a partition reads.
+pub fn redact_plan_paths(text: &str) -> String {
+    redact_paths_with(text, |token, start| {
+        let tables = crate::tables::TABLES.iter().map(|t| t.name);
+        let from = tables.filter_map(|t| token.find(&format!("/{t}/")).map(|i| i + 1)).min();
+        match from {
+            Some(i) => {
+                let rel = &token[i..];
+                // `file.parquet:0..1234`: the byte range of a partition's read.
+                let rel = rel.rfind(':').filter(|&c| rel[c + 1..].contains("..")).map_or(rel, |c| &rel[..c]);
+                rel.to_owned()
+            }
+            None => format!("{}<path>", &token[..start]),
+        }
+    })
+}
+
+/// `text` with each path-like token (a URL, or a run with two `/` or more) replaced by
+/// `replace(token, where its path starts)`.
+fn redact_paths_with(text: &str, replace: impl Fn(&str, usize) -> String) -> String {
     let delimiter = |c: char| c.is_whitespace() || "'\"`()[]{},;<>".contains(c);
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -453,15 +479,8 @@ pub fn redact_paths(text: &str) -> String {
         let (token, tail) = rest.split_at(end);
         let slashes = token.matches('/').count();
         match token.find("://").map(|i| token[..i].rfind(|c: char| !c.is_ascii_alphanumeric()).map_or(0, |j| j + 1)) {
-            Some(start) => {
-                out.push_str(&token[..start]);
-                out.push_str("<path>");
-            }
-            None if slashes >= 2 => {
-                let start = token.find('/').unwrap_or(0);
-                out.push_str(&token[..start]);
-                out.push_str("<path>");
-            }
+            Some(start) => out.push_str(&replace(token, start)),
+            None if slashes >= 2 => out.push_str(&replace(token, token.find('/').unwrap_or(0))),
             None => out.push_str(token),
         }
         let mut chars = tail.chars();
@@ -601,6 +620,14 @@ mod tests {
         assert_eq!(redact_paths("Object at location /tmp/x/y not found"), "Object at location <path> not found");
         // SQL terms keep their slashes when they are not paths.
         assert_eq!(redact_paths("a / b and 10/3"), "a / b and 10/3");
+        let plan = "file_groups={1 group: [[tmp/.tmpX/data/gpu_samples/date=2026-11-19/0001.parquet:0..4711, \
+                    tmp/.tmpX/data/gpu_samples/date=2026-11-19/0002.parquet]]}, file_type=parquet";
+        assert_eq!(
+            redact_plan_paths(plan),
+            "file_groups={1 group: [[gpu_samples/date=2026-11-19/0001.parquet, \
+             gpu_samples/date=2026-11-19/0002.parquet]]}, file_type=parquet"
+        );
+        assert_eq!(redact_plan_paths("ObjectStoreUrl s3://bucket/lake/x"), "ObjectStoreUrl <path>");
     }
 
     #[test]

@@ -1065,3 +1065,24 @@ async fn scope_first_timing() {
         assert!(h.abs_diff(m) <= allowed, "{present}: medians {h:?} vs {m:?} separate (allowed {allowed:?})");
     }
 }
+
+/// `EXPLAIN` names the lake's files by their place in it, never the server's data
+/// directory or the byte ranges read; a rendering past `max_result_bytes` is refused
+/// even when its Arrow batches are under it (text is several times larger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_are_redacted_and_renderings_bounded() {
+    let (dir, store) = fixture();
+    let config = QueryConfig { max_result_bytes: 16 << 10, ..QueryConfig::default() };
+    let e = engine(store, config);
+    let plan = physical_plan(&e, "SELECT count(*) FROM gpu_samples").await;
+    assert!(plan.contains("gpu_samples/date="), "{plan}");
+    let data = dir.path().display().to_string();
+    assert!(!plan.contains(data.trim_start_matches('/')), "the data directory: {plan}");
+    assert!(!plan.contains(".parquet:"), "byte ranges: {plan}");
+    let result = e.execute("SELECT 1.0 / 3 AS third FROM generate_series(1, 1500)").await.expect("under the cap");
+    let err = e.render(result, Format::Json, Vec::new()).await.expect_err("the JSON is over the cap");
+    assert!(matches!(err, QueryError::ResultTooLarge { max_bytes: 16384 }), "{err:?}");
+    let result = e.execute("SELECT 1 AS one").await.expect("small");
+    let body = e.render(result, Format::Csv, Vec::new()).await.expect("rendered");
+    assert_eq!(body, b"one\n1\n");
+}
