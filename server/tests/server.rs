@@ -21,6 +21,14 @@ mod cluster;
 mod cost;
 #[path = "server/fairness.rs"]
 mod fairness;
+#[path = "server/idle_rule.rs"]
+mod idle_rule;
+#[path = "server/live_holders.rs"]
+mod live_holders;
+#[path = "server/report_exact.rs"]
+mod report_exact;
+#[path = "server/pg_binding.rs"]
+mod pg_binding;
 #[path = "server/fuzz_regressions.rs"]
 mod fuzz_regressions;
 #[path = "server/handover.rs"]
