@@ -14,8 +14,8 @@
 //! cluster = "eu-1"                  # optional: an override for one cluster only
 //! source = "AWS p5.48xlarge / 8"    # optional free text, printed in the price table
 //!
-//! [[price]]
-//! model = "H100 SXM (owned)"
+//! [[price]]                         # the same model, owned, in one data center
+//! model = "H100 SXM"
 //! match = ["H100 80GB HBM3"]
 //! kind = "on_prem"
 //! cluster = "dc-1"

@@ -34,11 +34,15 @@
 //! persist_interval = "10m"
 //!
 //! [rollup]                           # gpu_samples_1m materializer (crate::derive)
-//! [cost]                             # the cost ledger (crate::ledger): price_book, interval
-//! [cost.classify]                    # idle thresholds, stranded_after (+ overrides)
-//! [cost.teams]                       # team maps, workload-kind and interruptible rules
 //! enabled = true
 //! interval = "1m"
+//!
+//! [cost]                             # the cost ledger (crate::ledger)
+//! enabled = true
+//! interval = "1m"
+//! price_book = "/etc/apron/pricebook.toml"
+//! [cost.classify]                    # idle thresholds, stranded_after (+ overrides)
+//! [cost.teams]                       # team maps, workload-kind and interruptible rules
 //!
 //! [pg]                               # the PostgreSQL port (crate::pg)
 //! listen = "127.0.0.1:5433"
@@ -56,8 +60,8 @@
 //! max_total_session_bytes = "1GiB"   # all connections, beyond each one's first 2 MiB
 //!
 //! [report]                           # the weekly report schedule (crate::schedule)
-//! [report.email]                     # SMTP delivery
-//! [report.webhook]                   # JSON (Slack-compatible) delivery
+//! enabled = true                     # delivered every Monday (at = "06:00", UTC)
+//! # [report.email] (SMTP) and [report.webhook] (Slack-compatible JSON): docs/cost.md
 //!
 //! [cluster]                          # more than one machine over one bucket (crate::cluster)
 //! role = "collector"                 # or "query"; needs [storage.object_store]

@@ -17,6 +17,8 @@ mod adversarial;
 mod ballista;
 #[path = "server/cluster.rs"]
 mod cluster;
+#[path = "server/config_examples.rs"]
+mod config_examples;
 #[path = "server/cost.rs"]
 mod cost;
 #[path = "server/fairness.rs"]
