@@ -611,10 +611,11 @@ impl Inner {
             .min()
             .filter(|(d, t)| *d <= (t.len() / 3).max(2));
         let hint = match closest {
-            Some((_, t)) => format!("; did you mean {t}? The tables are: {}", tables.join(", ")),
-            None => format!("; the tables are: {}", tables.join(", ")),
+            Some((_, t)) => format!("did you mean {t}? The tables are: {}", tables.join(", ")),
+            None => format!("the tables are: {}", tables.join(", ")),
         };
-        QueryError::Plan { detail: format!("{detail}{hint}") }
+        // The hint is the detail; the engine's line stays the message.
+        QueryError::Plan { detail: format!("{}\n{hint}", detail.lines().next().unwrap_or_default()) }
     }
 
     /// A session for one query: the scope's session with its own memory pool.
@@ -649,7 +650,7 @@ impl Inner {
             let mut statements = self
                 .pg_parser
                 .parse(&pgcompat::rewrite_client_sql(&request.sql))
-                .map_err(|e| QueryError::Syntax { detail: e.to_string() })?;
+                .map_err(|e| QueryError::Syntax { detail: crate::error::engine_text(&e.to_string()) })?;
             if statements.len() != 1 {
                 return Err(QueryError::Syntax {
                     detail: format!("expected one statement, found {}", statements.len()),
@@ -774,7 +775,9 @@ impl Inner {
 }
 
 /// `batch` with every path in its text columns redacted ([`crate::error::redact_plan_paths`]).
-fn redact_batch(batch: &datafusion::arrow::array::RecordBatch) -> Result<datafusion::arrow::array::RecordBatch, QueryError> {
+fn redact_batch(
+    batch: &datafusion::arrow::array::RecordBatch,
+) -> Result<datafusion::arrow::array::RecordBatch, QueryError> {
     use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
     let columns: Vec<ArrayRef> = batch
         .columns()
@@ -782,7 +785,8 @@ fn redact_batch(batch: &datafusion::arrow::array::RecordBatch) -> Result<datafus
         .map(|c| match c.data_type() {
             DataType::Utf8 => {
                 let text = c.as_string::<i32>();
-                Arc::new(text.iter().map(|v| v.map(crate::error::redact_plan_paths)).collect::<StringArray>()) as ArrayRef
+                Arc::new(text.iter().map(|v| v.map(crate::error::redact_plan_paths)).collect::<StringArray>())
+                    as ArrayRef
             }
             _ => c.clone(),
         })

@@ -40,17 +40,18 @@ use crate::source::SourceError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
-    /// The SQL does not parse.
-    #[error("SQL syntax error: {detail}")]
+    /// The SQL does not parse. `detail`'s first line is the cause (the message's one
+    /// line); what follows it, if anything, is [`QueryError::detail`].
+    #[error("SQL syntax error: {}", cause(detail))]
     Syntax { detail: String },
     /// The SQL parses but does not plan: unknown table or column, type mismatch,
-    /// unsupported feature.
-    #[error("invalid query: {detail}")]
+    /// unsupported feature. `detail` as for `Syntax`.
+    #[error("invalid query: {}", cause(detail))]
     Plan { detail: String },
     /// The query failed on the data: a cast that does not hold, division by zero,
     /// overflow, a malformed argument to a function. `code` says which, in words that
-    /// never hold a value.
-    #[error("query failed: {detail}")]
+    /// never hold a value. `detail` as for `Syntax`.
+    #[error("query failed: {}", cause(detail))]
     Invalid { code: &'static str, detail: String },
     /// The statement is nested too deep or too large to plan safely; nothing ran.
     #[error("query too complex: {what}")]
@@ -118,12 +119,18 @@ impl QueryError {
         }
     }
 
-    /// The contract's `detail`: the engine's text where there is one, else what to do.
+    /// The contract's `detail`: what the message's one line does not say — the rest of
+    /// the engine's text (the valid columns, a hint) — or else what to do. Never the
+    /// message again.
     pub fn detail(&self) -> String {
         match self {
-            QueryError::Syntax { detail } | QueryError::Plan { detail } | QueryError::Invalid { detail, .. } => {
-                detail.clone()
-            }
+            QueryError::Syntax { detail } => more(detail).unwrap_or_else(|| {
+                "the SQL is PostgreSQL's dialect; docs/sql.md has the tables, columns and examples".to_owned()
+            }),
+            QueryError::Plan { detail } => more(detail).unwrap_or_else(|| {
+                "docs/sql.md and information_schema.columns list the tables, columns and their types".to_owned()
+            }),
+            QueryError::Invalid { code, detail } => more(detail).unwrap_or_else(|| describe(code).to_owned()),
             QueryError::TooComplex { setting, .. } => {
                 format!("simplify the query (fewer terms, a shallower nesting); the limit is {setting}")
             }
@@ -230,7 +237,7 @@ impl QueryError {
 
     /// Classifies an error DataFusion returned while planning or running a query.
     pub fn from_datafusion(e: DataFusionError, memory_limit_bytes: u64) -> QueryError {
-        let text = redact_paths(&e.strip_backtrace());
+        let text = engine_text(&redact_paths(&e.strip_backtrace()));
         // A memory refusal can be wrapped (by an operator, a spawned task, an Arrow
         // external error) anywhere in the chain; it decides the class.
         if chain(&e).any(|d| matches!(d, DataFusionError::ResourcesExhausted(_))) {
@@ -265,6 +272,69 @@ impl QueryError {
                 QueryError::Internal { detail: logged("the query failed inside the server", &id) }
             }
         }
+    }
+}
+
+/// The first line of an error's text: its cause, said once.
+fn cause(text: &str) -> &str {
+    text.lines().next().unwrap_or_default().trim()
+}
+
+/// What follows the cause, if anything.
+fn more(text: &str) -> Option<String> {
+    text.split_once('\n').map(|(_, rest)| rest.trim().to_owned()).filter(|r| !r.is_empty())
+}
+
+/// DataFusion's text as a cause on its first line and the rest after it: the wrappers'
+/// own words (`Optimizer rule '…' failed / caused by`, `Error during planning: `,
+/// `Arrow error: `, `ParserError("…")`, the catalog's `datafusion.public.` qualifier)
+/// go, so the message says the cause once, in the user's terms.
+pub fn engine_text(text: &str) -> String {
+    // A chain of wrappers: the root cause is the last link.
+    let mut t = text.rsplit("\ncaused by\n").next().unwrap_or(text).trim().to_owned();
+    const PREFIXES: &[&str] = &[
+        "Error during planning: ",
+        "Schema error: ",
+        "Execution error: ",
+        "Arrow error: ",
+        "External error: ",
+        "SQL error: ",
+        "This feature is not implemented: ",
+        "Optimizer rule ",
+    ];
+    loop {
+        let before = t.len();
+        for p in PREFIXES {
+            if let Some(rest) = t.strip_prefix(p) {
+                t = rest.to_owned();
+            }
+        }
+        if let Some(inner) = t.strip_prefix("ParserError(\"").and_then(|r| r.strip_suffix("\")")) {
+            t = inner.replace("\\\"", "\"");
+        }
+        if t.len() == before {
+            break;
+        }
+    }
+    let t = t.replace("datafusion.public.", "");
+    // `No field named x.\nValid fields are t.a, t.b, …`: the list is the detail, and the
+    // table qualifier repeated on every column is noise.
+    match t.split_once('\n') {
+        Some((first, rest)) if rest.starts_with("Valid fields are ") => {
+            let fields: Vec<&str> = rest["Valid fields are ".len()..]
+                .trim_end_matches('.')
+                .split(", ")
+                .map(|f| f.rsplit('.').next().unwrap_or(f))
+                .collect();
+            let mut unique = Vec::with_capacity(fields.len());
+            for f in fields {
+                if !unique.contains(&f) {
+                    unique.push(f);
+                }
+            }
+            format!("{first}\nthe columns are: {}", unique.join(", "))
+        }
+        _ => t,
     }
 }
 

@@ -120,6 +120,11 @@ impl Format {
     }
 }
 
+/// The media types a client may ask for, as a 406 lists them.
+pub fn accepted_media_types() -> String {
+    FORMATS.iter().map(|f| f.2).collect::<Vec<_>>().join(", ")
+}
+
 /// A buffer that refuses to grow past `max_bytes`.
 struct Limited {
     out: Vec<u8>,

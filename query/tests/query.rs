@@ -1086,3 +1086,29 @@ async fn plans_are_redacted_and_renderings_bounded() {
     let body = e.render(result, Format::Csv, Vec::new()).await.expect("rendered");
     assert_eq!(body, b"one\n1\n");
 }
+
+/// An error says its cause once, on one line; `detail` adds (the columns, a hint, what
+/// to do) and never repeats it; the wrappers' words (`Error during planning`, `Optimizer
+/// rule … caused by`, `Arrow error`, the catalog's `datafusion.public.`) are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_say_their_cause_once_on_one_line() {
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    for (q, message, detail) in [
+        ("SELECT * FROM gpu_sample", "invalid query: table 'gpu_sample' not found", "did you mean gpu_samples?"),
+        ("SELECT nosuchcol FROM gpu_samples", "invalid query: No field named nosuchcol.", "the columns are: time, "),
+        ("SELEC 1", "SQL syntax error: Expected: an SQL statement, found: SELEC", "PostgreSQL's dialect"),
+        ("SELECT 1/0", "query failed: Divide by zero error", "division by zero"),
+        ("SELECT CAST('x' AS INT)", "query failed: Cast error: Cannot cast string 'x' to value of Int32 type", "cast"),
+    ] {
+        let err = e.execute(q).await.expect_err(q);
+        let (m, d) = (err.to_string(), err.detail());
+        assert!(!m.contains('\n'), "{q}: one line: {m:?}");
+        assert!(m.starts_with(message), "{q}: {m:?}");
+        assert!(d.contains(detail), "{q}: detail {d:?}");
+        assert!(!d.contains(m.split_once(": ").map_or(m.as_str(), |x| x.1)), "{q}: the detail repeats {m:?}: {d:?}");
+        for noise in ["Error during planning", "caused by", "Arrow error", "datafusion.public.", "gpu_samples.time"] {
+            assert!(!m.contains(noise) && !d.contains(noise), "{q}: {noise}: {m:?} / {d:?}");
+        }
+    }
+}

@@ -249,7 +249,9 @@ pub async fn run_inputs(
                 report.stored += s.stored;
                 report.already_imported += s.duplicate;
                 done += n;
-                progress(format!("stored {done} rows"));
+                // Progress counts rows handled; the summary says how many were stored
+                // and why the rest were skipped (a re-import stores none).
+                progress(format!("{done} rows handled, {} stored so far", report.stored));
             }
         }
     }

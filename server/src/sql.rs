@@ -111,7 +111,7 @@ async fn sql(State(state): State<SqlState>, request: Request) -> Response {
         return json_error(
             StatusCode::NOT_ACCEPTABLE,
             "not_acceptable",
-            "Accept one of application/json, text/csv, application/vnd.apache.arrow.stream, application/vnd.apache.parquet",
+            &format!("Accept one of {}", apron_query::render::accepted_media_types()),
         );
     };
     let body = match read_body(headers, body, state.max_sql_bytes).await {

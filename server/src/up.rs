@@ -142,9 +142,10 @@ impl Up {
         let data_dir = options.data_dir.clone();
         std::fs::create_dir_all(&data_dir)
             .map_err(|source| ServerError::Io { what: format!("cannot create {}", data_dir.display()), source })?;
-        let listener = tokio::net::TcpListener::bind(options.http)
-            .await
-            .map_err(|source| ServerError::Io { what: format!("cannot listen on {}", options.http), source })?;
+        let listener = tokio::net::TcpListener::bind(options.http).await.map_err(|source| ServerError::Io {
+            what: format!("cannot listen on {} (--http ADDR; port 0 picks a free one)", options.http),
+            source,
+        })?;
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
         let pg_listener = tokio::net::TcpListener::bind(options.pg).await.map_err(|source| ServerError::Io {
             what: format!(
