@@ -177,7 +177,19 @@ impl Up {
                 .await
                 .map_err(ServerError::Task)??;
 
-        let (agent, choice) = open_agent(&options, &server, &data_dir, first_start, addr, token).await?;
+        let (agent, choice) = match open_agent(&options, &server, &data_dir, first_start, addr, token).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                // A failed first start leaves nothing that changes the next one: the WAL
+                // directory the store just created would make the next start skip its
+                // seed. Nothing was stored yet (no agent ran).
+                if first_start {
+                    drop(server);
+                    let _ = std::fs::remove_dir_all(data_dir.join("wal"));
+                }
+                return Err(e);
+            }
+        };
         // Dollars from the first run: the config's price book, else the example one,
         // written next to the data (and said so in every report it prices).
         let mut cost = file.cost;
@@ -393,6 +405,15 @@ async fn open_agent(
                 let reason = e.to_string();
                 fallback_reason = Some(reason.split(". ").next().unwrap_or(&reason).trim_end_matches('.').to_owned());
                 config.source = SourceKind::Sim;
+            }
+            Err(AgentError::Nvml(e)) => {
+                // The agent's own advice names its flags (`--nvml-lib`, `apron-agent
+                // --source sim`), which `up` does not have: keep the cause, give up's.
+                let reason = e.to_string();
+                let cause = reason.split(". ").next().unwrap_or(&reason).trim_end_matches('.');
+                return Err(ServerError::Agent(format!(
+                    "{cause}. Is the NVIDIA driver installed? Or run the simulated fleet: apron up --source sim"
+                )));
             }
             Err(e) => return Err(ServerError::Agent(e.to_string())),
         }

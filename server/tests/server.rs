@@ -23,20 +23,14 @@ mod config_examples;
 mod cost;
 #[path = "server/fairness.rs"]
 mod fairness;
-#[path = "server/idle_rule.rs"]
-mod idle_rule;
-#[path = "server/live_holders.rs"]
-mod live_holders;
-#[path = "server/report_exact.rs"]
-mod report_exact;
-#[path = "server/pg_binding.rs"]
-mod pg_binding;
 #[path = "server/fuzz_regressions.rs"]
 mod fuzz_regressions;
 #[path = "server/handover.rs"]
 mod handover;
 #[path = "server/hardening.rs"]
 mod hardening;
+#[path = "server/idle_rule.rs"]
+mod idle_rule;
 #[path = "server/import.rs"]
 mod import;
 #[path = "server/incremental.rs"]
@@ -45,12 +39,18 @@ mod incremental;
 mod insights;
 #[path = "server/leaks.rs"]
 mod leaks;
+#[path = "server/live_holders.rs"]
+mod live_holders;
+#[path = "server/pg_binding.rs"]
+mod pg_binding;
 #[path = "server/pg_clients.rs"]
 mod pg_clients;
 #[path = "server/pg_limits.rs"]
 mod pg_limits;
 #[path = "server/prom_remote.rs"]
 mod prom_remote;
+#[path = "server/report_exact.rs"]
+mod report_exact;
 #[path = "server/rollup.rs"]
 mod rollup;
 #[path = "server/schedule.rs"]
@@ -1182,6 +1182,27 @@ fn sql_rows(http: SocketAddr, q: &str) -> Vec<Value> {
     let r = request(http, "POST", "/api/v1/sql", &[("accept", "application/json")], q.as_bytes());
     assert_eq!(r.status, 200, "{q}: {r:?}");
     r.json()["rows"].as_array().cloned().unwrap_or_default()
+}
+
+/// `apron up --source nvml` without a driver: up's own advice, and nothing left behind.
+#[test]
+fn apron_up_with_no_driver_says_what_to_run_and_leaves_nothing_behind() {
+    // No NVIDIA driver on a test machine (the fake NVML is only loaded by path): `--source
+    // nvml` fails, naming up's own way out, and leaves no WAL that would make the next
+    // start skip its seed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("fresh");
+    let o = Command::new(APRON)
+        .args(["up", "--http", "127.0.0.1:0", "--pg", "127.0.0.1:0", "--source", "nvml", "--data"])
+        .arg(&data)
+        .env_remove("APRON_NVML_LIB")
+        .output()
+        .expect("apron up runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("apron up --source sim"), "{err}");
+    assert!(!err.contains("--nvml-lib") && !err.contains("apron-agent --source"), "flags up does not have: {err}");
+    assert!(!data.join("wal").exists(), "a failed first start left its WAL behind");
 }
 
 /// `apron up` never mixes the simulator into history it did not write: `--source sim`
