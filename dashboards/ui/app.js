@@ -253,23 +253,31 @@
 
   // ───────────────────────────── hourly data (heatmap, chart, KPIs) ─────────────────────────────
 
-  /** Per (hour, GPU) seconds for the last 24 h, plus the server's current hour. */
+  /** The hour the views end at: the server's current hour, or, when the newest priced
+   *  hour is older than two hours (history brought in by `apron import`, a fleet whose
+   *  agents stopped), that hour — so the views open on the data rather than on empty
+   *  hours. */
+  const ANCHOR_HOUR = `(SELECT CASE WHEN max("hour") < date_trunc('hour', now()) - INTERVAL '2 hours'
+      THEN max("hour") ELSE date_trunc('hour', now()) END FROM gpu_cost_hourly)`;
+
+  /** Per (hour, GPU) seconds for the 24 h ending at ANCHOR_HOUR (the current hour included). */
   async function loadHourly() {
     // "cluster" is quoted: the SQL parser rejects an unquoted `cluster` after a comma in a
     // select list (a keyword there); "hour" for symmetry.
     const r = await sql(`
-      SELECT date_trunc('hour', now()) AS now_hour, "hour", "cluster", host, gpu_uuid, max(gpu_model) AS gpu_model,
+      SELECT ${ANCHOR_HOUR} AS now_hour, "hour", "cluster", host, gpu_uuid, max(gpu_model) AS gpu_model,
         sum(active_s) AS active, sum(allocated_idle_s) AS allocated_idle, sum(stranded_s) AS stranded,
         sum(unallocated_idle_s) AS unallocated_idle, sum(unallocated_busy_s) AS unallocated_busy, sum(unknown_s) AS unknown,
         sum(idle_cost_usd) AS idle_usd, sum(cost_usd) AS cost_usd, string_agg(team, ', ') AS teams
       FROM gpu_cost_hourly
-      WHERE "hour" >= date_trunc('hour', now()) - INTERVAL '${HOURS - 1} hours'
+      WHERE "hour" >= ${ANCHOR_HOUR} - INTERVAL '${HOURS - 1} hours' AND "hour" <= ${ANCHOR_HOUR}
       GROUP BY "hour", "cluster", host, gpu_uuid
       ORDER BY host, gpu_uuid, "hour"`);
     const rows = r.objects();
+    const current = Math.floor(Date.now() / 3600e3) * 3600e3;
     let nowHour = rows.length ? Date.parse(rows[0].now_hour) : NaN;
-    if (!Number.isFinite(nowHour)) nowHour = Math.floor(Date.now() / 3600e3) * 3600e3;
-    return { nowHour, rows };
+    if (!Number.isFinite(nowHour)) nowHour = current;
+    return { nowHour, rows, historical: nowHour < current - 2 * 3600e3 };
   }
 
   const gpuIndex = new Map(); // gpu_uuid → index (or null when unknown)
@@ -530,7 +538,7 @@
         sum(unallocated_idle_s) AS unallocated_idle, sum(unallocated_busy_s) AS unallocated_busy, sum(unknown_s) AS unknown,
         sum(idle_cost_usd) AS idle_usd
       FROM gpu_cost_hourly
-      WHERE "hour" >= date_trunc('hour', now()) - INTERVAL '${utilRange - 1} hours'
+      WHERE "hour" >= ${ANCHOR_HOUR} - INTERVAL '${utilRange - 1} hours' AND "hour" <= ${ANCHOR_HOUR}
       GROUP BY "hour" ORDER BY "hour"`);
     return r.objects();
   }
@@ -639,9 +647,24 @@
     sel.value = pinned || opts[0].value;
   }
 
+  /** Once, unless a week is pinned (?week=) or chosen: open the report on the week of
+   *  `ms` (the newest data) when that is not this week. */
+  let weekChosen = false;
+  function openOnWeekOf(ms) {
+    const sel = $("week-select");
+    const w = isoWeek(ms);
+    if (weekChosen || params.get("week") || sel.value === w) return Promise.resolve();
+    weekChosen = true;
+    if (![...sel.options].some((o) => o.value === w)) sel.append(el("option", { value: w }, "Newest data (" + w + ")"));
+    sel.value = w;
+    return refreshIdle();
+  }
+
   async function loadIdle() {
     const week = $("week-select").value;
     const rep = await api("/api/v1/reports/weekly?week=" + encodeURIComponent(week) + "&format=json");
+    // Another week was chosen (or opened on the newest data) while this one loaded.
+    if ($("week-select").value !== week) return;
     renderIdle(rep, week);
   }
 
@@ -935,8 +958,11 @@
       heat = buildHeat(data);
       drawHeatmap();
       renderKpiActive(data);
+      if (data.historical) await openOnWeekOf(data.nowHour);
       if (!data.rows.length) {
         showNote("heatmap-note", "No gpu_cost_hourly rows in the last 24 h yet: the cost ledger fills them every few minutes (with cost enabled).", "info");
+      } else if (data.historical) {
+        showNote("heatmap-note", "No recent data: showing the 24 h up to the newest priced hour, " + new Date(data.nowHour).toISOString().slice(0, 13) + ":00 UTC.", "info");
       } else if (heat.total > heat.gpus.length) {
         showNote("heatmap-note", "Showing the first " + intFmt.format(heat.gpus.length) + " of " + intFmt.format(heat.total) + " GPUs (by host). Use the SQL box for the rest.", "info");
       } else {
@@ -1038,7 +1064,10 @@
       if (auto.checked && !document.hidden) refreshAll();
     }, REFRESH_MS);
 
-    $("week-select").addEventListener("change", () => refreshIdle());
+    $("week-select").addEventListener("change", () => {
+      weekChosen = true;
+      refreshIdle();
+    });
     for (const b of document.querySelectorAll("#util-range .seg-btn")) {
       b.addEventListener("click", () => {
         utilRange = Number(b.dataset.range) || 24;

@@ -1184,6 +1184,55 @@ fn sql_rows(http: SocketAddr, q: &str) -> Vec<Value> {
     r.json()["rows"].as_array().cloned().unwrap_or_default()
 }
 
+/// `apron up` on imported history (ten days old here) opens its views on the data: the
+/// heatmap over the data's last 24 h and the report on the data's week, not on empty
+/// recent hours and an empty week.
+#[test]
+fn apron_up_on_imported_history_opens_on_the_newest_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("imported");
+    let t0 = (now_us() / 1_000_000 / 3600 - 240) * 3600;
+    let mut om = String::from("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
+    for k in 0..=240 {
+        om.push_str(&format!(
+            "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-OLD\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-0\",namespace=\"ml\",pod=\"nb\",container=\"c\"}} 0 {}\n",
+            t0 + k * 15
+        ));
+    }
+    om.push_str("# EOF\n");
+    let file = dir.path().join("history.om");
+    std::fs::write(&file, om).expect("history");
+    let o = Command::new(APRON).args(["import", "--data"]).arg(&data).arg(&file).output().expect("import runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (out, log) = (dir.path().join("up.out"), dir.path().join("up.log"));
+    let (_child, endpoints) = start_up(&data, &["--source", "none"], &out, &log);
+    let http = http_of(&endpoints);
+    poll("the imported hour priced", Duration::from_secs(120), || {
+        let rows = sql_rows(http, "SELECT CAST(sum(idle_cost_usd) AS VARCHAR) FROM gpu_cost_hourly");
+        rows.first().and_then(|r| r[0].as_str().map(str::to_owned)).filter(|v| v != "0.000000" && !v.is_empty())
+    });
+    // The week the page should open on: the data's.
+    let week = sql_rows(http, "SELECT to_char(max(\"hour\"), '%G-W%V') FROM gpu_cost_hourly");
+    let week = week[0][0].as_str().expect("week").to_owned();
+    let total = get(http, &format!("/api/v1/reports/weekly?week={week}&format=json")).json()["fleet"]["idle_cost_usd"]
+        .as_f64()
+        .expect("fleet idle");
+    assert!(total > 0.0, "{week}: {total}");
+    let shots = dir.path().join("ui");
+    let o = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/ui/chromium_check.py"))
+        .arg(format!("http://{http}/?refresh=0"))
+        .arg(&shots)
+        .arg(format!("{total:.2}"))
+        .output()
+        .expect("python3 runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_ne!(o.status.code(), Some(2), "{said}");
+    // Without APRON_UI_HISTORY_ONLY the check requires heatmap cells: the 24 h shown are
+    // the data's, and the idle dollars those of the data's week.
+    assert!(o.status.success(), "the UI did not open on the imported data:\n{said}");
+}
+
 /// `apron up --source nvml` without a driver: up's own advice, and nothing left behind.
 #[test]
 fn apron_up_with_no_driver_says_what_to_run_and_leaves_nothing_behind() {
