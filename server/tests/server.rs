@@ -1184,6 +1184,24 @@ fn sql_rows(http: SocketAddr, q: &str) -> Vec<Value> {
     r.json()["rows"].as_array().cloned().unwrap_or_default()
 }
 
+/// `apron import`s into `data` an hour of a held, idle H100 (stranded from its first
+/// minute), starting `hours_ago` whole hours ago, from dcgm-exporter text.
+fn import_idle_hour(dir: &Path, data: &Path, hours_ago: i64) {
+    let t0 = (now_us() / 1_000_000 / 3600 - hours_ago) * 3600;
+    let mut om = String::from("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
+    for k in 0..=240 {
+        om.push_str(&format!(
+            "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-IMP\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-0\",namespace=\"ml\",pod=\"nb\",container=\"c\"}} 0 {}\n",
+            t0 + k * 15
+        ));
+    }
+    om.push_str("# EOF\n");
+    let file = dir.join("history.om");
+    std::fs::write(&file, om).expect("history");
+    let o = Command::new(APRON).args(["import", "--data"]).arg(data).arg(&file).output().expect("import runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// `apron up` on imported history (ten days old here) opens its views on the data: the
 /// heatmap over the data's last 24 h and the report on the data's week, not on empty
 /// recent hours and an empty week.
@@ -1191,19 +1209,7 @@ fn sql_rows(http: SocketAddr, q: &str) -> Vec<Value> {
 fn apron_up_on_imported_history_opens_on_the_newest_data() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("imported");
-    let t0 = (now_us() / 1_000_000 / 3600 - 240) * 3600;
-    let mut om = String::from("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
-    for k in 0..=240 {
-        om.push_str(&format!(
-            "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-OLD\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-0\",namespace=\"ml\",pod=\"nb\",container=\"c\"}} 0 {}\n",
-            t0 + k * 15
-        ));
-    }
-    om.push_str("# EOF\n");
-    let file = dir.path().join("history.om");
-    std::fs::write(&file, om).expect("history");
-    let o = Command::new(APRON).args(["import", "--data"]).arg(&data).arg(&file).output().expect("import runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    import_idle_hour(dir.path(), &data, 240);
     let (out, log) = (dir.path().join("up.out"), dir.path().join("up.log"));
     let (_child, endpoints) = start_up(&data, &["--source", "none"], &out, &log);
     let http = http_of(&endpoints);
@@ -1262,20 +1268,7 @@ fn apron_up_with_no_driver_says_what_to_run_and_leaves_nothing_behind() {
 fn apron_up_keeps_the_simulator_out_of_imported_history_and_takes_a_config() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("imported");
-    // An hour of a held, idle H100 (stranded from its first minute), two hours ago.
-    let t0 = (now_us() / 1_000_000 / 3600 - 2) * 3600;
-    let mut om = String::from("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
-    for k in 0..=240 {
-        om.push_str(&format!(
-            "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-IMP\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-0\",namespace=\"ml\",pod=\"nb\",container=\"c\"}} 0 {}\n",
-            t0 + k * 15
-        ));
-    }
-    om.push_str("# EOF\n");
-    let file = dir.path().join("history.om");
-    std::fs::write(&file, om).expect("history");
-    let o = Command::new(APRON).args(["import", "--data"]).arg(&data).arg(&file).output().expect("import runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    import_idle_hour(dir.path(), &data, 2);
 
     // Asked for the simulator there: refused, saying why and what to do instead.
     let o = Command::new(APRON)
