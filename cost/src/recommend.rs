@@ -20,6 +20,18 @@
 //! `window_us` the part of its window that holds data (the server: from the first sample
 //! window to the last), so a young installation is extrapolated from what it saw.
 //!
+//! # Live holders
+//!
+//! An item about a holder's allocation says whether the holder still holds the GPU when
+//! the run's window ends (`holder_live`), by the ledger's rule for an open allocation
+//! ([`crate::run_ended`]): a (GPU, holder) pair is live when no window of another holder
+//! or of nobody came after the holder's newest window on that GPU, and that newest window
+//! ended at most [`crate::OPEN_RUN_STALE_US`] (10 min) before the window's end. The
+//! caller decides it per GPU ([`GpuUse::holder_live`]); an item is live when any of its
+//! GPUs is (`pack`: when every workload it packs is). An ended item keeps its figures as
+//! history, says when its holder's newest window ended (`holder_ended_at`), and is never
+//! counted in the monthly headline ([`monthly_totals`]).
+//!
 //! `savings_kind` is `cash` where releasing the GPU stops a bill (on-demand and spot
 //! cloud rates) and `capacity` where it frees a GPU that is paid for anyway (on-prem
 //! amortisation, committed-use rates).
@@ -122,6 +134,11 @@ pub struct GpuUse {
     pub idle_spread: Spread,
     pub sm_spread: Spread,
     pub price: Option<Price>,
+    /// Whether the holder still held this GPU at the window's end (the ledger's rule for
+    /// an open allocation, see the module's "Live holders").
+    pub holder_live: bool,
+    /// The end of the holder's newest window on this GPU in the window, µs.
+    pub last_held_us: i64,
 }
 
 impl GpuUse {
@@ -171,6 +188,15 @@ pub struct Recommendation {
     pub host: String,
     pub gpu_model: String,
     pub gpus: Vec<String>,
+    /// Whether the holder still holds the GPU(s) at the window's end; an ended item is
+    /// history, never counted in [`monthly_totals`].
+    pub holder_live: bool,
+    /// When the holder no longer does: the end of its newest window (RFC 3339); `None`
+    /// while live.
+    pub holder_ended_at: Option<String>,
+    /// The same, µs, for the `recommendations` table.
+    #[serde(skip)]
+    pub holder_ended_us: Option<i64>,
     pub window_savings_usd: Cents,
     pub monthly_savings_usd: Cents,
     /// Exact, for the `recommendations` table.
@@ -270,10 +296,64 @@ pub fn plan(
     for (_, rule) in RULES {
         rule(&mut p)?;
     }
+    for r in p.out.iter_mut().filter(|r| !r.holder_live) {
+        let when = r.holder_ended_at.as_deref().unwrap_or("?");
+        r.summary.push_str(&format!(" — ended: the holder released the GPU(s) by {when} (history, not counted)"));
+    }
     Ok(p.out)
 }
 
+/// Whether an item's holder still holds its GPUs, and if not, since when (the end of a
+/// holder's newest window): with `every` false (one holder) the item is live when any of
+/// its GPUs is — the holder still holds part of what it is about — and ended at the
+/// newest of the GPUs' last windows; with `every` true (`pack`: the plan needs each of
+/// its workloads) it is live when every GPU is, and ended at the first ended workload's
+/// last window. No GPUs: live (nothing says a holder ended).
+pub fn holder_status<'a>(gpus: impl IntoIterator<Item = &'a GpuUse>, every: bool) -> (bool, Option<i64>) {
+    let (mut any, mut all, mut newest, mut first_ended) = (false, true, None::<i64>, None::<i64>);
+    let mut seen = false;
+    for g in gpus {
+        seen = true;
+        any |= g.holder_live;
+        all &= g.holder_live;
+        newest = Some(newest.map_or(g.last_held_us, |t| t.max(g.last_held_us)));
+        if !g.holder_live {
+            first_ended = Some(first_ended.map_or(g.last_held_us, |t| t.min(g.last_held_us)));
+        }
+    }
+    match (seen, every) {
+        (false, _) => (true, None),
+        (true, false) if any => (true, None),
+        (true, false) => (false, newest),
+        (true, true) if all => (true, None),
+        (true, true) => (false, first_ended),
+    }
+}
+
+/// The headline: the items' monthly savings summed by savings kind, live holders' items
+/// only (an ended holder's savings are history: releasing what is already released
+/// saves nothing).
+pub fn monthly_totals<'a>(items: impl IntoIterator<Item = &'a Recommendation>) -> BTreeMap<&'static str, Cents> {
+    let mut totals: BTreeMap<&'static str, Cents> = BTreeMap::new();
+    for r in items.into_iter().filter(|r| r.holder_live) {
+        let e = totals.entry(r.savings_kind).or_insert(Cents::ZERO);
+        *e = *e + r.monthly_savings_usd;
+    }
+    totals
+}
+
 fn base(a: &AllocationUse, kind: &'static str, gpus: &[&GpuUse]) -> Recommendation {
+    let (live, ended) = holder_status(gpus.iter().copied(), false);
+    base_with(a, kind, gpus, live, ended)
+}
+
+fn base_with(
+    a: &AllocationUse,
+    kind: &'static str,
+    gpus: &[&GpuUse],
+    holder_live: bool,
+    ended_us: Option<i64>,
+) -> Recommendation {
     Recommendation {
         id: rec_id(kind, &gpus.iter().map(|g| g.gpu_uuid.as_str()).chain([a.owner.as_str()]).collect::<Vec<_>>()),
         kind,
@@ -284,6 +364,9 @@ fn base(a: &AllocationUse, kind: &'static str, gpus: &[&GpuUse]) -> Recommendati
         host: mixed(gpus.iter().map(|g| g.host.as_str())),
         gpu_model: mixed(gpus.iter().map(|g| g.gpu_model.as_str())),
         gpus: gpus.iter().map(|g| g.gpu_uuid.clone()).collect(),
+        holder_live,
+        holder_ended_at: ended_us.map(|t| apron_common::UnixMicros(t).to_rfc3339()),
+        holder_ended_us: ended_us,
         window_savings_usd: Cents::ZERO,
         monthly_savings_usd: Cents::ZERO,
         window_savings: Micros::ZERO,
@@ -426,7 +509,8 @@ fn pack(p: &mut Planner<'_>) -> Result<(), MoneyError> {
         if bins.len() < members.len() {
             let gpus: Vec<&GpuUse> = members.iter().map(|(ai, gi, _)| &allocs[*ai].gpus[*gi]).collect();
             let first = &allocs[members[0].0];
-            let mut r = base(first, "pack", &gpus);
+            let (live, ended) = holder_status(gpus.iter().copied(), true);
+            let mut r = base_with(first, "pack", &gpus, live, ended);
             r.team = mixed(members.iter().map(|(ai, _, _)| allocs[*ai].team.as_str()));
             r.owner = mixed(members.iter().map(|(ai, _, _)| allocs[*ai].owner.as_str()));
             r.owner_kind = mixed(members.iter().map(|(ai, _, _)| allocs[*ai].owner_kind.as_str()));
@@ -714,6 +798,8 @@ mod tests {
             idle_spread: Spread { mean: 1.0, std: 0.0 },
             sm_spread: Spread { mean: 0.5, std: 0.1 },
             price: price("3.60", PriceKind::OnDemand),
+            holder_live: true,
+            last_held_us: held,
         }
     }
 
@@ -747,6 +833,74 @@ mod tests {
         g.idle_spread = Spread { mean: 0.8, std: 0.4 };
         let recs = plan(&[alloc("x", "t", vec![g])], &[], &RecommendConfig::default(), HOUR).expect("plan");
         assert_eq!((recs[0].kind, recs[0].confidence), ("reclaim", 0.5));
+    }
+
+    #[test]
+    fn an_item_is_live_while_its_holder_holds_any_of_its_gpus_a_pack_while_all_do() {
+        let at = |live: bool, last: i64| {
+            let mut g = gpu("GPU-a", "n0", "NVIDIA H100 80GB HBM3", HOUR, HOUR);
+            (g.holder_live, g.last_held_us) = (live, last);
+            g
+        };
+        let (live, gone_early, gone_late) = (at(true, 60 * MIN), at(false, 10 * MIN), at(false, 20 * MIN));
+        // One holder: live while it holds one of the GPUs; else ended at its newest window.
+        assert_eq!(holder_status([&live, &gone_early], false), (true, None));
+        assert_eq!(holder_status([&gone_late, &gone_early], false), (false, Some(20 * MIN)));
+        // A pack needs every workload: one ended makes it history, from the first end.
+        assert_eq!(holder_status([&live, &gone_late, &gone_early], true), (false, Some(10 * MIN)));
+        assert_eq!(holder_status([&live, &live], true), (true, None));
+        // Nothing to judge by: live.
+        assert_eq!(holder_status(std::iter::empty::<&GpuUse>(), false), (true, None));
+    }
+
+    #[test]
+    fn the_headline_counts_only_live_holders() {
+        // Two notebooks idle 54 of 60 minutes at $3.60/h ($2365.20/month each); the
+        // second's pod ended 20 minutes before the window's end.
+        let idle = |u: &str, live: bool| {
+            let mut g = gpu(u, "n0", "NVIDIA H100 80GB HBM3", HOUR, 54 * MIN);
+            (g.holder_live, g.last_held_us) = (live, if live { HOUR } else { 40 * MIN });
+            g
+        };
+        let allocs = [
+            alloc("ds/live", "data-science", vec![idle("GPU-a", true)]),
+            alloc("ds/gone", "data-science", vec![idle("GPU-b", false)]),
+        ];
+        let recs = plan(&allocs, &[], &RecommendConfig::default(), HOUR).expect("plan");
+        assert_eq!(recs.len(), 2);
+        let (live, gone) = (&recs[0], &recs[1]);
+        assert_eq!((live.owner.as_str(), live.holder_live, live.holder_ended_at.as_deref()), ("ds/live", true, None));
+        assert_eq!(
+            (gone.owner.as_str(), gone.holder_live, gone.holder_ended_us, gone.holder_ended_at.as_deref()),
+            ("ds/gone", false, Some(40 * MIN), Some("1970-01-01T00:40:00.000000Z"))
+        );
+        // Its figures stay (history) and its summary says it ended …
+        assert_eq!(gone.monthly_savings_usd, Cents(236_520));
+        assert!(
+            gone.summary.contains("ended: the holder released the GPU(s) by 1970-01-01T00:40:00"),
+            "{}",
+            gone.summary
+        );
+        assert!(!live.summary.contains("ended"), "{}", live.summary);
+        // … but only the live one counts.
+        assert_eq!(monthly_totals(&recs), BTreeMap::from([("cash", Cents(236_520))]));
+        let serialised = serde_json::to_value(gone).expect("json");
+        assert_eq!(
+            (&serialised["holder_live"], &serialised["holder_ended_at"]),
+            (&json!(false), &json!("1970-01-01T00:40:00.000000Z"))
+        );
+        assert_eq!(serde_json::to_value(live).expect("json")["holder_ended_at"], Value::Null);
+        // A pack whose member ended is history too.
+        let small = |u: &str, live: bool| {
+            let mut g = gpu(u, "n2", "NVIDIA H100 80GB HBM3", HOUR, 0);
+            (g.p95_sm, g.p95_mem_bytes, g.holder_live) = (Some(0.05), Some(6 << 30), live);
+            g
+        };
+        let allocs =
+            [alloc("s/a", "search", vec![small("GPU-p", true)]), alloc("s/b", "search", vec![small("GPU-q", false)])];
+        let recs = plan(&allocs, &[], &RecommendConfig::default(), HOUR).expect("plan");
+        assert_eq!((recs[0].kind, recs[0].holder_live), ("pack", false));
+        assert!(monthly_totals(&recs).is_empty());
     }
 
     #[test]

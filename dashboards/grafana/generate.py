@@ -1127,8 +1127,9 @@ def pg_idle_cost_by_team():
     b.table("Recommendations",
             [b.sql("SELECT kind, team, owner_kind, owner, host, gpu_count,\n"
                    "       CAST(monthly_savings_usd AS DOUBLE) AS monthly_savings_usd, savings_kind, confidence, summary\n"
-                   "FROM recommendations\nORDER BY monthly_savings_usd DESC")],
-            w=12, h=9, description="The latest run over [recommend] window (not the dashboard range).",
+                   "FROM recommendations\nWHERE holder_live\nORDER BY monthly_savings_usd DESC")],
+            w=12, h=9, description="The latest run over [recommend] window (not the dashboard range); "
+                                   "only holders that still hold their GPUs.",
             overrides=[
                 {"matcher": {"id": "byName", "options": "monthly_savings_usd"},
                  "properties": [{"id": "unit", "value": "currencyUSD"}, {"id": "decimals", "value": 0}]},
@@ -1218,9 +1219,10 @@ def pg_stranded():
             [b.sql("SELECT kind, team, owner_kind, owner, host, gpu_count, gpu_uuids,\n"
                    "       CAST(monthly_savings_usd AS DOUBLE) AS monthly_savings_usd, confidence, summary\n"
                    "FROM recommendations\n"
-                   "WHERE kind IN ('reclaim', 'right-size') AND team IN ($team)\n"
+                   "WHERE kind IN ('reclaim', 'right-size') AND team IN ($team) AND holder_live\n"
                    "ORDER BY monthly_savings_usd DESC")],
-            w=12, description="The latest recommendation run (its own window, not the dashboard range).",
+            w=12, description="The latest recommendation run (its own window, not the dashboard range); "
+                              "only holders that still hold their GPUs.",
             overrides=[
                 {"matcher": {"id": "byName", "options": "monthly_savings_usd"},
                  "properties": [{"id": "unit", "value": "currencyUSD"}, {"id": "decimals", "value": 0}]},

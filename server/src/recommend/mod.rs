@@ -34,7 +34,7 @@ use apron_cost::recommend::{self, AllocationUse, GpuUse, Price, RecommendConfig,
 use apron_cost::replay::{Bucket, Workload};
 use apron_query::{QueryEngine, SnapshotTable};
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
@@ -171,9 +171,13 @@ pub struct RecommendationSet {
     pub from: String,
     pub to: String,
     pub generated_at: String,
-    /// Sum of the items' monthly savings, by savings kind.
+    /// Sum of the live items' monthly savings, by savings kind (the headline).
     pub monthly_savings_usd: BTreeMap<&'static str, apron_cost::Cents>,
+    /// The items whose holder still holds the GPU(s) at `to` (`holder_live`).
     pub recommendations: Vec<Recommendation>,
+    /// The items whose holder had released the GPU(s) by `to` (`holder_live` false,
+    /// `holder_ended_at`): history, in no total.
+    pub ended: Vec<Recommendation>,
     #[serde(skip)]
     pub from_us: i64,
     #[serde(skip)]
@@ -323,9 +327,11 @@ impl Recommender {
         let covered_us = gathered.coverage.and_then(|c| c.within(from_us, to_us)).unwrap_or(window_us);
         let range = format!("time > {} AND time <= {}", ts(from_us), ts(to_us));
         let filter = Self::base_filter(&range, &gathered.parents);
+        let newest = self.newest_windows(to_us).await?;
         let mut allocs: BTreeMap<(String, String), AllocationUse> = BTreeMap::new();
-        for ((gpu, _, _), u) in gathered.usage {
+        for ((gpu, kind, holder), u) in gathered.usage {
             let Some(owner) = u.owner else { continue };
+            let (holder_live, last_held_us) = holding_live(&newest, (&gpu, &kind, &holder), u.last_us, to_us);
             let gk = GpuKey { model_name: &u.model, mig_profile: u.mig.as_deref(), cluster: u.cluster.as_deref() };
             let price = self.ledger.quote(&gk, to_us).map(|q| Price {
                 per_hour: q.usd_per_gpu_hour,
@@ -348,6 +354,8 @@ impl Recommender {
                 idle_spread: u.idle_minutes.spread(),
                 sm_spread: u.sm_minutes.spread(),
                 price,
+                holder_live,
+                last_held_us,
             };
             let entry = allocs.entry((owner.kind.as_str().to_owned(), owner.owner.clone())).or_insert_with(|| {
                 let resolved = self.ledger.teams().resolve(&gpu, &u.host, owner.clone());
@@ -432,6 +440,9 @@ impl Recommender {
             "recommendations computed"
         );
         items.sort_by(|a, b| b.monthly_savings.cmp(&a.monthly_savings).then(a.id.cmp(&b.id)));
+        // Items whose holder no longer holds the GPU are history: listed apart, never in
+        // the headline.
+        let (items, ended): (Vec<Recommendation>, Vec<Recommendation>) = items.into_iter().partition(|r| r.holder_live);
         let totals = savings_totals(&items);
         let now = UnixMicros::now().0;
         Ok(RecommendationSet {
@@ -442,6 +453,7 @@ impl Recommender {
             generated_at: UnixMicros(now).to_rfc3339(),
             monthly_savings_usd: totals,
             recommendations: items,
+            ended,
             from_us,
             to_us,
             generated_at_us: now,
@@ -557,6 +569,37 @@ impl Recommender {
         Ok(Piece { batches, minutes, coverage, parents })
     }
 
+    /// Each GPU's newest window in `[to − OPEN_RUN_STALE_US, to]` and its holder (held
+    /// or not, lost or not, as the ledger's forward look reads them): what decides whether
+    /// a holding is still live at `to` ([`holding_live`]). One small read, whatever the
+    /// window.
+    async fn newest_windows(&self, to_us: i64) -> Result<Newest, RecommendError> {
+        let sql = format!(
+            "SELECT DISTINCT ON (gpu_uuid) gpu_uuid, CAST(time AS BIGINT), owner_kind, owner FROM gpu_samples \
+             WHERE time >= {} AND time <= {} ORDER BY gpu_uuid, time DESC, owner_kind, owner",
+            ts(to_us - apron_cost::OPEN_RUN_STALE_US),
+            ts(to_us)
+        );
+        let mut out = Newest::new();
+        for b in self.query(&sql).await? {
+            // Whatever string type the store gives (dictionary, view): plain strings.
+            let utf8 = |i: usize| datafusion::arrow::compute::cast(b.column(i), &DataType::Utf8).ok();
+            let (gpu, kind, owner) = (utf8(0), utf8(2), utf8(3));
+            let s = |c: &Option<ArrayRef>| c.as_ref().and_then(|c| c.as_string_opt::<i32>().cloned());
+            let (Some(gpu), Some(end), Some(kind), Some(owner)) =
+                (s(&gpu), b.column(1).as_primitive_opt::<Int64Type>(), s(&kind), s(&owner))
+            else {
+                return Err(RecommendError::Shape { sql, expected: "gpu_uuid, BIGINT time, owner_kind, owner" });
+            };
+            for r in (0..b.num_rows()).filter(|&r| !gpu.is_null(r) && !end.is_null(r)) {
+                let holder = (!kind.is_null(r) && !owner.is_null(r))
+                    .then(|| (kind.value(r).to_owned(), owner.value(r).to_owned()));
+                out.insert(gpu.value(r).to_owned(), (end.value(r), holder));
+            }
+        }
+        Ok(out)
+    }
+
     /// The SQL that reproduces an item's held / known / idle figures and its p95s (the
     /// window's sketch is the merge of its hours', bucket for bucket).
     fn evidence_sql(&self, pairs: &[(String, String, String)], from_us: i64, to_us: i64) -> String {
@@ -668,20 +711,37 @@ fn pairs_sql(pairs: &[hours::Key]) -> String {
     which.join(" OR ")
 }
 
-/// Monthly savings summed by savings kind.
+/// Monthly savings summed by savings kind, live holders' items only.
 fn savings_totals(items: &[Recommendation]) -> BTreeMap<&'static str, apron_cost::Cents> {
-    let mut totals: BTreeMap<&'static str, apron_cost::Cents> = BTreeMap::new();
-    for r in items {
-        let e = totals.entry(r.savings_kind).or_insert(apron_cost::Cents::ZERO);
-        *e = *e + r.monthly_savings_usd;
+    recommend::monthly_totals(items)
+}
+
+/// Each GPU's newest window at most [`apron_cost::OPEN_RUN_STALE_US`] before `to`:
+/// (its end, its holder's (owner kind, owner); `None`: nobody's).
+type Newest = BTreeMap<String, (i64, Option<(String, String)>)>;
+
+/// Whether a holding — `(gpu, owner kind, owner)`, whose newest window in the run's window
+/// ended at `last_us` — is still held at `to_us`, and the end of its newest window: the
+/// ledger's rule for an open allocation ([`apron_cost::run_ended`]). Live when its GPU's
+/// newest window of the last [`apron_cost::OPEN_RUN_STALE_US`] is its own; ended when a
+/// later window is another holder's or nobody's (a hand-over, a release), or when the
+/// GPU has no window that recent (the holder, or the node, went silent).
+fn holding_live(newest: &Newest, (gpu, kind, owner): (&str, &str, &str), last_us: i64, to_us: i64) -> (bool, i64) {
+    match newest.get(gpu) {
+        Some((end, Some((k, o)))) if k == kind && o == owner => {
+            let last = last_us.max(*end);
+            (!apron_cost::run_ended(false, last, to_us), last)
+        }
+        Some((end, _)) if *end > last_us => (false, last_us),
+        _ => (!apron_cost::run_ended(false, last_us, to_us), last_us),
     }
-    totals
 }
 
 impl RecommendationSet {
     /// Keeps the items `keep` accepts (a team's own), totals recomputed from them.
     pub fn retain(&mut self, keep: impl Fn(&Recommendation) -> bool) {
         self.recommendations.retain(|r| keep(r));
+        self.ended.retain(|r| keep(r));
         self.monthly_savings_usd = savings_totals(&self.recommendations);
     }
 }
@@ -712,14 +772,20 @@ pub fn schema() -> SchemaRef {
         s("evidence", false),
         s("replay", true),
         Field::new("covered_hours", DataType::Float64, false),
+        // Whether the holder still holds the GPU(s) at `window_end`; when not, the end of
+        // its newest window (an ended item is history: not in the headline).
+        Field::new("holder_live", DataType::Boolean, false),
+        Field::new("holder_ended_at", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
     ]))
 }
 
 fn recommendations_batch(set: &RecommendationSet) -> Result<RecordBatch, ArrowError> {
-    let items = &set.recommendations;
+    // Live items first, then the ended ones (history), each flagged.
+    let items: Vec<&Recommendation> = set.recommendations.iter().chain(&set.ended).collect();
+    let items = &items;
     let n = items.len();
     let strs = |f: &dyn Fn(&Recommendation) -> Option<String>| -> ArrayRef {
-        Arc::new(items.iter().map(f).collect::<StringArray>())
+        Arc::new(items.iter().map(|r| f(r)).collect::<StringArray>())
     };
     let tsc = |v: i64| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(vec![v; n]).with_timezone("UTC")) };
     let money = |f: &dyn Fn(&Recommendation) -> i64| -> Result<ArrayRef, ArrowError> {
@@ -753,6 +819,92 @@ fn recommendations_batch(set: &RecommendationSet) -> Result<RecordBatch, ArrowEr
         strs(&|r| serde_json::to_string(&r.evidence).ok()),
         strs(&|r| r.replay.as_ref().and_then(|o| serde_json::to_string(o).ok())),
         Arc::new(Float64Array::from(vec![set.covered_hours; n])),
+        Arc::new(items.iter().map(|r| Some(r.holder_live)).collect::<BooleanArray>()),
+        Arc::new(items.iter().map(|r| r.holder_ended_us).collect::<TimestampMicrosecondArray>().with_timezone("UTC")),
     ];
     RecordBatch::try_new(schema(), cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000_000;
+
+    #[test]
+    fn a_holding_is_live_while_its_gpu_newest_window_is_its_own_and_recent() {
+        let to = 1_000 * MIN;
+        let holder = |k: &str, o: &str| Some((k.to_owned(), o.to_owned()));
+        let newest: Newest = BTreeMap::from([
+            // Still held: its own window a minute ago.
+            ("GPU-a".to_owned(), (to - MIN, holder("pod", "ds/nb"))),
+            // Handed over: another job's window after the pod's last.
+            ("GPU-b".to_owned(), (to - MIN, holder("slurm_job", "42"))),
+            // Released: a window of nobody after the pod's last.
+            ("GPU-c".to_owned(), (to - 2 * MIN, None)),
+        ]);
+        assert_eq!(holding_live(&newest, ("GPU-a", "pod", "ds/nb"), to - MIN, to), (true, to - MIN));
+        assert_eq!(holding_live(&newest, ("GPU-b", "pod", "ds/nb"), to - 5 * MIN, to), (false, to - 5 * MIN));
+        assert_eq!(holding_live(&newest, ("GPU-c", "pod", "ds/nb"), to - 3 * MIN, to), (false, to - 3 * MIN));
+        // Silent: no window of the GPU in the last 10 minutes (the ledger's
+        // OPEN_RUN_STALE_US); 10 minutes exactly is still held, as in the ledger.
+        assert_eq!(holding_live(&newest, ("GPU-d", "pod", "ds/nb"), to - 10 * MIN - 1, to), (false, to - 10 * MIN - 1));
+        assert_eq!(holding_live(&newest, ("GPU-d", "pod", "ds/nb"), to - 10 * MIN, to), (true, to - 10 * MIN));
+    }
+
+    fn item(kind: &'static str, live: bool, monthly_cents: i64) -> Recommendation {
+        Recommendation {
+            id: format!("{kind}-{live}"),
+            kind,
+            team: "t".into(),
+            owner: "o".into(),
+            owner_kind: "pod".into(),
+            cluster: None,
+            host: "h".into(),
+            gpu_model: "m".into(),
+            gpus: vec!["GPU-a".into()],
+            holder_live: live,
+            holder_ended_at: (!live).then(|| UnixMicros(MIN).to_rfc3339()),
+            holder_ended_us: (!live).then_some(MIN),
+            window_savings_usd: apron_cost::Cents(monthly_cents),
+            monthly_savings_usd: apron_cost::Cents(monthly_cents),
+            window_savings: apron_cost::Micros(monthly_cents * 10_000),
+            monthly_savings: apron_cost::Micros(monthly_cents * 10_000),
+            savings_kind: "cash",
+            confidence: 1.0,
+            summary: String::new(),
+            evidence: BTreeMap::new(),
+            replay: None,
+            proposal: None,
+        }
+    }
+
+    #[test]
+    fn the_table_flags_ended_items_and_the_headline_leaves_them_out() {
+        let mut set = RecommendationSet {
+            window: "1h".into(),
+            covered_hours: 1.0,
+            from: String::new(),
+            to: String::new(),
+            generated_at: String::new(),
+            monthly_savings_usd: BTreeMap::new(),
+            recommendations: vec![item("reclaim", true, 100)],
+            ended: vec![item("right-size", false, 1_000)],
+            from_us: 0,
+            to_us: 60 * MIN,
+            generated_at_us: 60 * MIN,
+        };
+        set.retain(|_| true);
+        assert_eq!(set.monthly_savings_usd, BTreeMap::from([("cash", apron_cost::Cents(100))]));
+        let b = recommendations_batch(&set).expect("batch");
+        assert_eq!(b.num_rows(), 2);
+        let live = b.column_by_name("holder_live").expect("holder_live").as_boolean();
+        let ended = b.column_by_name("holder_ended_at").expect("holder_ended_at");
+        let ended = ended.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
+        assert_eq!((live.value(0), ended.is_null(0)), (true, true));
+        assert_eq!((live.value(1), ended.value(1)), (false, MIN));
+        let json = serde_json::to_value(&set).expect("json");
+        assert_eq!(json["ended"][0]["holder_live"], false);
+        assert_eq!(json["recommendations"][0]["holder_ended_at"], serde_json::Value::Null);
+    }
 }

@@ -70,15 +70,14 @@ fn markdown_blocks(text: &str) -> Vec<(usize, String)> {
 
 /// The ```toml block of a module's `//!` docs.
 fn doc_blocks(text: &str) -> Vec<(usize, String)> {
-    let docs: String =
-        text.lines().map(|l| l.strip_prefix("//! ").or_else(|| l.strip_prefix("//!")).unwrap_or("")).fold(
-            String::new(),
-            |mut s, l| {
-                s.push_str(l);
-                s.push('\n');
-                s
-            },
-        );
+    let docs: String = text
+        .lines()
+        .map(|l| l.strip_prefix("//! ").or_else(|| l.strip_prefix("//!")).unwrap_or(""))
+        .fold(String::new(), |mut s, l| {
+            s.push_str(l);
+            s.push('\n');
+            s
+        });
     markdown_blocks(&docs)
 }
 
