@@ -14,12 +14,14 @@
 //!  Exemptions::allows ─► Lifecycle::update ─► transitions (fired, resolved)
 //! ```
 //!
-//! Runs use the classifier's own idle rule ([`crate::classify::window_is_idle`]) and its
-//! `stranded_after` (team override, else workload kind, else default), so an alert and
-//! the hourly `stranded_s` agree on what is stranded. As in the classifier, a gap longer
-//! than the window, a window without signal, or a change of holder ends a run. A GPU
-//! whose newest window is older than `stale_after` raises nothing (the agent may be down:
-//! that time is unknown, not idle).
+//! Idle runs use the classifier's own idle test ([`crate::classify::window_is_idle`]), its
+//! `stranded_after` (team override, else workload kind, else default) and the one
+//! idle-run rule ([`crate::idlerun`]: a gap of at most `max_idle_gap` inside a run of one
+//! holder does not end it; busy time, another holder or a longer gap does), so an alert
+//! and the hourly `stranded_s` agree on what is stranded and since when. A stranded
+//! run's duration ends at its last idle window (gap seconds inside it count toward its
+//! length, as in the ledger, never after it). A GPU whose newest window is older than
+//! `stale_after` raises nothing (the agent may be down: that time is unknown, not idle).
 //!
 //! A condition is identified by its key (kind + allocation, or kind + GPU); while the key
 //! keeps appearing the alert stays one firing alert (deduplicated) whose figures update;
@@ -33,6 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::classify::{ClassifyConfig, Holder, Window, de_duration, duration_us, window_is_idle};
+use crate::idlerun::{Activity, IdleRuns};
 use crate::money::{Micros, cost_of_duration};
 
 /// `[alerts.rules]`: the thresholds.
@@ -119,6 +122,21 @@ impl HolderFacts {
     }
 }
 
+/// A window's holder as the idle-run rule compares it: the same allocation (owner kind
+/// and owner), or nobody.
+#[derive(Clone, Debug)]
+struct HolderKey(Option<Arc<HolderFacts>>);
+
+impl PartialEq for HolderKey {
+    fn eq(&self, o: &HolderKey) -> bool {
+        match (&self.0, &o.0) {
+            (Some(a), Some(b)) => a.same(b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
 /// A GPU's identity and price.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuMeta {
@@ -149,7 +167,8 @@ struct Track {
     first_start_us: i64,
     last_end_us: i64,
     holder: Option<Arc<HolderFacts>>,
-    idle_since: Option<i64>,
+    /// Idle runs by the one rule ([`crate::idlerun`]).
+    idle: IdleRuns<HolderKey>,
     unowned_busy_since: Option<i64>,
     zombie_since: Option<i64>,
     lost_since: Option<i64>,
@@ -208,7 +227,7 @@ impl Tracker {
             first_start_us: s.end_us - s.window_us,
             last_end_us: i64::MIN,
             holder: None,
-            idle_since: None,
+            idle: IdleRuns::new(cfg.max_idle_gap_us()),
             unowned_busy_since: None,
             zombie_since: None,
             lost_since: None,
@@ -227,9 +246,7 @@ impl Tracker {
             _ => false,
         };
         if !contiguous || !same_holder {
-            t.idle_since = None;
             t.unowned_busy_since = None;
-            t.zombie_since = None;
         }
         t.holder = s.holder.clone();
         t.last_end_us = s.end_us;
@@ -250,13 +267,19 @@ impl Tracker {
             sm_active_mean: None,
             holder: None,
         };
-        match if s.lost { None } else { window_is_idle(&w, cfg) } {
-            Some(true) => {
-                t.idle_since.get_or_insert(start);
+        let activity = Activity::from_idle(if s.lost { None } else { window_is_idle(&w, cfg) });
+        // The one idle-run rule; a zombie run lives inside the idle run it began in.
+        if t.idle.feed(start, s.end_us, HolderKey(s.holder.clone()), activity).is_some() {
+            t.zombie_since = None;
+        }
+        match activity {
+            Activity::Idle => {
                 t.unowned_busy_since = None;
+                if t.fb_used_bytes.is_some() {
+                    t.zombie_since.get_or_insert(start);
+                }
             }
-            Some(false) => {
-                t.idle_since = None;
+            Activity::Busy => {
                 t.zombie_since = None;
                 if t.holder.is_none() {
                     t.unowned_busy_since.get_or_insert(start);
@@ -264,17 +287,10 @@ impl Tracker {
                     t.unowned_busy_since = None;
                 }
             }
-            None => {
-                t.idle_since = None;
-                t.unowned_busy_since = None;
-                t.zombie_since = None;
-            }
+            // Gap time inside a run (or the end of one, above).
+            Activity::NoSignal => t.unowned_busy_since = None,
         }
-        if t.idle_since.is_some() {
-            if t.fb_used_bytes.is_some() {
-                t.zombie_since.get_or_insert(start);
-            }
-        } else {
+        if t.idle.open().is_none() {
             t.zombie_since = None;
         }
     }
@@ -284,8 +300,10 @@ impl Tracker {
     pub fn open_runs(&self) -> Vec<(String, Option<Arc<HolderFacts>>, i64)> {
         self.gpus
             .values()
-            .filter(|t| t.idle_since == Some(t.first_start_us))
-            .map(|t| (t.meta.gpu_uuid.clone(), t.holder.clone(), t.first_start_us))
+            .filter_map(|t| {
+                let run = t.idle.current(t.last_end_us).filter(|r| r.start_us == t.first_start_us)?;
+                Some((t.meta.gpu_uuid.clone(), run.holder.0.clone(), t.first_start_us))
+            })
             .collect()
     }
 
@@ -293,8 +311,8 @@ impl Tracker {
     /// (the end of the last earlier window that was busy or someone else's).
     pub fn extend_idle(&mut self, gpu_uuid: &str, start_us: i64) {
         let Some(t) = self.gpus.get_mut(gpu_uuid) else { return };
-        if t.idle_since == Some(t.first_start_us) && start_us < t.first_start_us {
-            t.idle_since = Some(start_us);
+        if t.idle.open().is_some_and(|r| r.start_us == t.first_start_us) && start_us < t.first_start_us {
+            t.idle.extend_start(start_us);
             if t.zombie_since == Some(t.first_start_us) {
                 t.zombie_since = Some(start_us);
             }
@@ -318,7 +336,7 @@ impl Tracker {
         let stale = duration_us(rules.stale_after);
         let mut out = Vec::new();
         // Allocation → (its fresh GPUs, the stranded ones with their run starts).
-        type Held<'a> = (Arc<HolderFacts>, Vec<&'a Track>, Vec<(&'a Track, i64)>);
+        type Held<'a> = (Arc<HolderFacts>, Vec<&'a Track>, Vec<(&'a Track, i64, i64)>);
         let mut allocations: BTreeMap<(String, String), Held<'_>> = BTreeMap::new();
         for t in self.gpus.values() {
             if now_us - t.last_end_us > stale {
@@ -348,13 +366,17 @@ impl Tracker {
                 e.1.push(t);
                 let after = classify
                     .stranded_after_us(&Holder { team: h.team.clone(), workload_kind: h.workload_kind.clone() });
-                if let Some(since) = t.idle_since
-                    && t.last_end_us - since >= after
+                // The run by the one rule, stranded as the ledger prices it: its length up
+                // to its last idle window reaches `stranded_after`.
+                if let Some(run) = t.idle.current(t.last_end_us)
+                    && run.holder.0.as_ref().is_some_and(|rh| rh.same(h))
+                    && run.len_us() >= after
                 {
-                    e.2.push((t, since));
+                    e.2.push((t, run.start_us, run.end_us));
                 }
             }
             if let (Some(since), Some(fb)) = (t.zombie_since, t.fb_used_bytes)
+                && t.idle.current(t.last_end_us).is_some()
                 && fb >= rules.zombie_min_memory_bytes
                 && t.last_end_us - since >= duration_us(rules.zombie_after)
                 && last_process_us.get(&m.gpu_uuid).is_none_or(|p| *p < since)
@@ -404,15 +426,15 @@ impl Tracker {
             if stranded.is_empty() {
                 continue;
             }
-            let since = stranded.iter().map(|(_, s)| *s).min().unwrap_or(now_us);
-            let longest = stranded.iter().map(|(t, s)| t.last_end_us - s).max().unwrap_or(0);
+            let since = stranded.iter().map(|(_, s, _)| *s).min().unwrap_or(now_us);
+            let longest = stranded.iter().map(|(_, s, e)| e - s).max().unwrap_or(0);
             let mut cost: Option<Micros> = None;
-            for (t, s) in &stranded {
-                if let Some(c) = t.meta.usd_per_hour.and_then(|p| cost_of_duration(p, t.last_end_us - s).ok()) {
+            for (t, s, e) in &stranded {
+                if let Some(c) = t.meta.usd_per_hour.and_then(|p| cost_of_duration(p, e - s).ok()) {
                     cost = Some(cost.unwrap_or(Micros::ZERO).checked_add(c).unwrap_or(c));
                 }
             }
-            let hosts: BTreeSet<String> = stranded.iter().map(|(t, _)| t.meta.host.clone()).collect();
+            let hosts: BTreeSet<String> = stranded.iter().map(|(t, ..)| t.meta.host.clone()).collect();
             let summary = format!(
                 "{} {} (team {}) has {} of {} GPUs idle for {}",
                 holder.owner_kind,
@@ -427,9 +449,9 @@ impl Tracker {
                 kind: "stranded_allocation",
                 severity: "warning",
                 team: holder.team.clone(),
-                cluster: stranded.first().and_then(|(t, _)| t.meta.cluster.clone()),
+                cluster: stranded.first().and_then(|(t, ..)| t.meta.cluster.clone()),
                 hosts: hosts.into_iter().collect(),
-                gpus: stranded.iter().map(|(t, _)| t.meta.gpu_uuid.clone()).collect(),
+                gpus: stranded.iter().map(|(t, ..)| t.meta.gpu_uuid.clone()).collect(),
                 holder: Some(holder.clone()),
                 starts_at_us: since,
                 duration_us: longest,
@@ -696,6 +718,10 @@ mod tests {
     fn kind_override_and_gaps_end_runs() {
         let mut cfg = ClassifyConfig::default();
         cfg.stranded_after_kind.insert("notebook".into(), Duration::from_secs(600));
+        // A gap longer than `max_idle_gap` ends a run: with the bound at 1 min, the 2-minute
+        // gap below does (at the default 2 min it would not: a gap of exactly the bound
+        // continues the run, see `a_short_gap_keeps_the_run_a_long_one_ends_it`).
+        cfg.max_idle_gap = Duration::from_secs(60);
         let rules = AlertRules::default();
         let nb = holder("nb", "ds", Some("notebook"));
         let mut tr = Tracker::default();
@@ -720,6 +746,64 @@ mod tests {
         let s = c.iter().find(|c| c.kind == "stranded_allocation").expect("stranded since 2 min");
         assert_eq!((s.starts_at_us, s.duration_us), (2 * MIN, 23 * MIN));
         assert!(fresh.open_runs().is_empty());
+    }
+
+    /// The `stranded_allocation` condition at `now` (data never stale here).
+    fn stranded_of(tr: &Tracker, now: i64, cfg: &ClassifyConfig) -> Option<Condition> {
+        let rules = AlertRules { stale_after: Duration::from_secs(24 * 3600), ..AlertRules::default() };
+        tr.conditions(now, cfg, &rules, &BTreeMap::new()).into_iter().find(|c| c.kind == "stranded_allocation")
+    }
+
+    #[test]
+    fn a_short_gap_keeps_the_run_a_long_one_ends_it() {
+        const H: i64 = 60 * MIN;
+        let cfg = ClassifyConfig::default();
+        assert_eq!(cfg.max_idle_gap, Duration::from_secs(120));
+        let nb = holder("data-science/jupyter-erik", "data-science", Some("notebook"));
+        let other = holder("data-science/jupyter-zoe", "data-science", Some("notebook"));
+        let mut tr = Tracker::default();
+        // Idle for 10 h, then the agent restarts: 40 s without windows, then idle again.
+        run(&mut tr, "GPU-a", 0, 10 * H, 0.0, 0, Some(nb.clone()), &cfg);
+        let c = stranded_of(&tr, 10 * H, &cfg).expect("stranded");
+        assert_eq!((c.starts_at_us, c.duration_us), (0, 10 * H));
+        run(&mut tr, "GPU-a", 10 * H + 40 * S, 10 * H + 5 * MIN, 0.0, 0, Some(nb.clone()), &cfg);
+        // The run continues from its start: 10 h 5 min long (the 40 s gap inside it), the
+        // same alert (same key and start, hence the same id).
+        let c = stranded_of(&tr, 10 * H + 5 * MIN, &cfg).expect("still stranded");
+        assert_eq!((c.starts_at_us, c.duration_us), (0, 10 * H + 5 * MIN));
+        assert!(c.summary.contains("1 of 1 GPUs idle for 10h05m"), "{}", c.summary);
+        // Signal-less windows of the holder are gap time too: 2 min of them (the bound)
+        // keep the run, whose idle duration stops at its last idle window meanwhile.
+        let mut t = 10 * H + 5 * MIN;
+        while t < 10 * H + 7 * MIN {
+            t += 10 * S;
+            let s = Sample {
+                end_us: t,
+                window_us: 10 * S,
+                sm_active_max: None,
+                gpu_util_max: None,
+                fb_used_bytes: None,
+                lost: false,
+                xid: None,
+                holder: Some(nb.clone()),
+            };
+            tr.feed(meta("GPU-a"), &s, &cfg);
+        }
+        let c = stranded_of(&tr, 10 * H + 7 * MIN, &cfg).expect("gap within the bound");
+        assert_eq!((c.starts_at_us, c.duration_us), (0, 10 * H + 5 * MIN));
+        run(&mut tr, "GPU-a", 10 * H + 7 * MIN, 10 * H + 8 * MIN, 0.0, 0, Some(nb.clone()), &cfg);
+        assert_eq!(stranded_of(&tr, 10 * H + 8 * MIN, &cfg).map(|c| c.starts_at_us), Some(0));
+        // A gap longer than the bound (2 min 10 s): a new run from 10:10:10, not stranded.
+        run(&mut tr, "GPU-a", 10 * H + 10 * MIN + 10 * S, 10 * H + 15 * MIN, 0.0, 0, Some(nb.clone()), &cfg);
+        assert_eq!(stranded_of(&tr, 10 * H + 15 * MIN, &cfg), None);
+        // A holder change ends a run whatever the gap: another pod's idle windows after a
+        // 10 s gap start their own run; back to the first pod, a run again from scratch.
+        let mut tr = Tracker::default();
+        run(&mut tr, "GPU-b", 0, H, 0.0, 0, Some(nb.clone()), &cfg);
+        run(&mut tr, "GPU-b", H + 10 * S, H + 5 * MIN, 0.0, 0, Some(other.clone()), &cfg);
+        assert_eq!(stranded_of(&tr, H + 5 * MIN, &cfg), None);
+        run(&mut tr, "GPU-b", H + 5 * MIN, H + 6 * MIN, 0.0, 0, Some(nb), &cfg);
+        assert_eq!(stranded_of(&tr, H + 6 * MIN, &cfg), None);
     }
 
     #[test]

@@ -28,10 +28,14 @@
 //! | none | idle | `unallocated_idle` (never stranded: nobody holds it) |
 //! | any | unknown | `unknown` |
 //!
-//! An **idle run** is a maximal stretch of idle windows with the same holder and no gap
-//! between them. It is stranded **in full, from its start**, when its length reaches
-//! (`>=`) the holder's `stranded_after`. Unknown time (a gap or a window with no signal)
-//! ends a run; a change of holder ends a run.
+//! An **idle run** is a stretch of idle windows of the same holder, as the one rule in
+//! [`crate::idlerun`] defines it: a gap (missing windows, or windows of the holder with
+//! no signal) of at most `max_idle_gap` (default 2 min) inside it does not end it; a
+//! longer gap, busy time or a change of holder does. Its length runs from its first idle
+//! window's start to its last one's end, gaps included, and it is stranded **in full,
+//! from its start**, when that length reaches (`>=`) the holder's `stranded_after`. The
+//! gap's own seconds stay **unknown**: only the run's idle windows become stranded or
+//! allocated idle.
 //!
 //! `stranded_after` is the default (30m), unless overridden for the holder's team
 //! (`stranded_after_team`) or workload kind (`stranded_after_kind`); **the team override
@@ -49,14 +53,16 @@
 //! # Incremental recompute
 //!
 //! See [`recompute_plan`]: the class of an instant depends only on data within the
-//! largest `stranded_after` on either side, which bounds both the hours to recompute after
-//! late data and the context to read for them.
+//! largest `stranded_after` plus `max_idle_gap` on either side
+//! ([`ClassifyConfig::context_us`]), which bounds both the hours to recompute after late
+//! data and the context to read for them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::idlerun::{Activity, IdleRun, IdleRuns};
 use crate::time::{US_PER_HOUR, hour_ceil, hour_floor};
 
 /// The team of time no allocation holds.
@@ -108,6 +114,7 @@ pub struct Window {
 /// stranded_after = "30m"
 /// stranded_after_team = { research = "2h" }
 /// stranded_after_kind = { notebook = "1h", inference = "4h" }
+/// max_idle_gap = "2m"
 /// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -121,6 +128,11 @@ pub struct ClassifyConfig {
     pub stranded_after_team: BTreeMap<String, Duration>,
     #[serde(deserialize_with = "de_duration_map")]
     pub stranded_after_kind: BTreeMap<String, Duration>,
+    /// The longest gap (missing windows, or windows without a signal) an idle run
+    /// continues across ([`crate::idlerun`]); default 2 min, `"0s"`: only back-to-back
+    /// windows.
+    #[serde(deserialize_with = "de_duration")]
+    pub max_idle_gap: Duration,
 }
 
 impl Default for ClassifyConfig {
@@ -132,9 +144,13 @@ impl Default for ClassifyConfig {
             stranded_after: Duration::from_secs(30 * 60),
             stranded_after_team: BTreeMap::new(),
             stranded_after_kind: BTreeMap::new(),
+            max_idle_gap: DEFAULT_MAX_IDLE_GAP,
         }
     }
 }
+
+/// `max_idle_gap`'s default: why 2 minutes is said in [`crate::idlerun`].
+pub const DEFAULT_MAX_IDLE_GAP: Duration = Duration::from_secs(120);
 
 /// A window's activity signal that the idle rule reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,6 +293,18 @@ impl ClassifyConfig {
             .max()
             .unwrap_or(0)
     }
+
+    /// `max_idle_gap` in µs.
+    pub fn max_idle_gap_us(&self) -> i64 {
+        duration_us(self.max_idle_gap)
+    }
+
+    /// The context radius of a class ([`recompute_plan`]): the largest `stranded_after`
+    /// plus `max_idle_gap` (a run's link across a gap is seen only with the gap's far
+    /// side).
+    pub fn context_us(&self) -> i64 {
+        self.max_stranded_after_us().saturating_add(self.max_idle_gap_us())
+    }
 }
 
 /// The exclusive states of `gpu_cost_hourly`.
@@ -329,7 +357,8 @@ pub struct Span {
     pub holder: Option<HolderId>,
 }
 
-/// A stranded idle run, in full (clipped only to the data given, not to the range).
+/// A stranded idle run, in full (clipped only to the data given, not to the range): from
+/// its first idle window's start to its last one's end, short gaps inside included.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StrandedRun {
     pub holder: HolderId,
@@ -457,7 +486,7 @@ fn observe(w: &Window, cfg: &ClassifyConfig) -> Obs {
 
 /// Classifies one GPU's windows over the hour-aligned range `[from_us, to_us)`.
 ///
-/// Pass windows from `[from − S, to + S)` (S = [`ClassifyConfig::max_stranded_after_us`])
+/// Pass windows from `[from − S, to + S)` (S = [`ClassifyConfig::context_us`])
 /// so that runs crossing the range edges are judged right; see [`recompute_plan`].
 pub fn classify(
     windows: &[Window],
@@ -503,31 +532,37 @@ pub fn classify(
             (Obs::Idle, Some(_)) => State::AllocatedIdle,
         })
         .collect();
+    // The one idle-run rule (crate::idlerun): runs of one holder across short gaps.
     let mut stranded_runs = Vec::new();
-    let mut i = 0;
-    while i < segs.len() {
-        let (Obs::Idle, Some(h)) = (segs[i].obs, segs[i].holder) else {
-            i += 1;
-            continue;
-        };
-        let mut j = i + 1;
-        while j < segs.len()
-            && segs[j].obs == Obs::Idle
-            && segs[j].holder == Some(h)
-            && segs[j].start == segs[j - 1].end
-        {
-            j += 1;
-        }
-        let (run_start, run_end) = (segs[i].start, segs[j - 1].end);
+    let mut close = |run: IdleRun<Option<HolderId>>, members: &[usize], states: &mut [State]| {
+        let Some(h) = run.holder else { return }; // nobody's idle is never stranded
         // `h` was range-checked above.
         let limit = holders.get(h.0).map_or(i64::MAX, |hd| cfg.stranded_after_us(hd));
-        if run_end - run_start >= limit {
-            states[i..j].iter_mut().for_each(|s| *s = State::Stranded);
-            if run_end > from_us && run_start < to_us {
-                stranded_runs.push(StrandedRun { holder: h, start_us: run_start, end_us: run_end });
+        if run.len_us() >= limit {
+            members.iter().for_each(|&k| states[k] = State::Stranded);
+            if run.end_us > from_us && run.start_us < to_us {
+                stranded_runs.push(StrandedRun { holder: h, start_us: run.start_us, end_us: run.end_us });
             }
         }
-        i = j;
+    };
+    let mut runs = IdleRuns::new(cfg.max_idle_gap_us());
+    let mut members: Vec<usize> = Vec::new();
+    for (k, seg) in segs.iter().enumerate() {
+        let activity = match seg.obs {
+            Obs::Idle => Activity::Idle,
+            Obs::Busy { .. } => Activity::Busy,
+            Obs::Unknown => Activity::NoSignal,
+        };
+        if let Some(ended) = runs.feed(seg.start, seg.end, seg.holder, activity) {
+            close(ended, &members, &mut states);
+            members.clear();
+        }
+        if activity == Activity::Idle {
+            members.push(k);
+        }
+    }
+    if let Some(ended) = runs.finish() {
+        close(ended, &members, &mut states);
     }
 
     // 3. Clip to the range, filling gaps with unknown / no holder, merging equal neighbours.
@@ -611,24 +646,27 @@ pub struct RecomputePlan {
 
 /// The incremental-recompute contract.
 ///
-/// **Claim.** Let S = [`ClassifyConfig::max_stranded_after_us`]. The state of an instant
-/// `t` depends only on the windows intersecting `[t − S, t + S]`.
+/// **Claim.** Let S = [`ClassifyConfig::context_us`] = M + G, M the largest
+/// `stranded_after`, G = `max_idle_gap`. The state of an instant `t` depends only on the
+/// windows intersecting `[t − S, t + S]`.
 ///
 /// **Proof.** A state is a function of (a) the observation and holder of the window
 /// covering `t` — local — and, only for allocated idle time, (b) whether the idle run
 /// containing `t` has length `L = l + r >= S_h`, where `l` / `r` are the run's extents to
-/// the left / right of `t` and `S_h <= S` is the holder's threshold. Runs are delimited by
-/// purely local facts (a gap, a non-idle window, a holder change at a window boundary).
-/// Knowing the data on `[t − S, t + S]` we know `min(l, S)` and `min(r, S)`: if the run
-/// reaches past `t − S` then `l >= S`, else its start lies inside the interval and `l` is
-/// known exactly (same on the right). If either capped extent is `S` then
-/// `L >= S >= S_h` (stranded); otherwise `L = l + r` is known exactly. Either way the
-/// comparison with `S_h` is decided. ∎
+/// the left / right of `t` and `S_h <= M` is the holder's threshold. Runs are delimited by
+/// local facts ([`crate::idlerun`]): a busy window or another holder's window, which is
+/// where the run ends, or a gap longer than G after a run's last idle window. Walking
+/// left from `t` through the run: if it reaches past `t − M` then `l >= M`; otherwise its
+/// first idle window starts at some `p > t − M`, and what ended it there — a window of
+/// another kind, or the absence of a same-holder idle window ending in `[p − G, p)` — lies
+/// in `[p − G, p) ⊂ [t − S, t]`, so `l = t − p` is known exactly. The same holds on the
+/// right. If either capped extent is M then `L >= M >= S_h` (stranded); otherwise `L` is
+/// known exactly. Either way the comparison with `S_h` is decided. ∎
 ///
 /// **Truncated data gives the same answer.** [`classify`] treats the edge of the data it is
-/// given as unknown, which ends a run there. For `t` with `[t − S, t + S]` inside the data
-/// a run cut at the left edge `X <= t − S` still has `l >= t − X >= S`, so it is stranded
-/// exactly when it would be with all data; likewise on the right.
+/// given as the end of a run. For `t` with `[t − S, t + S]` inside the data a run cut at the
+/// left edge `X <= t − S` still has `l >= t − X >= S >= M`, so it is stranded exactly when
+/// it would be with all data; likewise on the right.
 ///
 /// **Consequences.** A change inside `[a, b)` can alter the state only of instants in
 /// `(a − S, b + S)`, so the hours to recompute are `[floor_h(a − S), ceil_h(b + S))`, and
@@ -636,7 +674,7 @@ pub struct RecomputePlan {
 /// A run that keeps growing at the live edge is the special case `b = now`: its hours are
 /// rewritten each time until it ends (allocated idle that becomes stranded in full).
 pub fn recompute_plan(changed_from_us: i64, changed_to_us: i64, cfg: &ClassifyConfig) -> RecomputePlan {
-    let s = cfg.max_stranded_after_us();
+    let s = cfg.context_us();
     let (a, b) = (changed_from_us.min(changed_to_us), changed_from_us.max(changed_to_us));
     let hours_from_us = hour_floor(a.saturating_sub(s));
     let hours_to_us = hour_ceil(b.saturating_add(s)).max(hours_from_us + US_PER_HOUR);

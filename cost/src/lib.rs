@@ -25,6 +25,9 @@
 //!   evaluators' queries), every second into exactly one of active, allocated idle, stranded,
 //!   unallocated idle, unallocated busy, unknown (+ under-used ⊂ active), per hour and
 //!   team; the incremental-recompute contract ([`classify::recompute_plan`]).
+//! - [`idlerun`]: the one idle-run rule (a run of one holder continues across a gap of
+//!   at most `max_idle_gap`; busy time, another holder or a longer gap end it), used by
+//!   the classifier and the alert tracker.
 //! - [`runs`]: allocation runs (one holder, no break longer than a window) → the
 //!   `allocations` rows.
 //! - [`cost`]: classified seconds × prices in force (split at price changes) → the money
@@ -45,6 +48,7 @@
 pub mod alert;
 pub mod classify;
 pub mod cost;
+pub mod idlerun;
 pub mod mig;
 pub mod money;
 pub mod owner;

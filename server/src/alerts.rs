@@ -4,8 +4,8 @@
 //!
 //! ```text
 //!  every [alerts] interval (30 s):
-//!    gpu_samples windows of the lookback (the longest stranded_after + the longest
-//!    other hold + 10 min), read `gpus_per_query` GPUs at a time (memory follows
+//!    gpu_samples windows of the lookback (the longest stranded_after + max_idle_gap +
+//!    the longest other hold + 10 min), read `gpus_per_query` GPUs at a time (memory follows
 //!    that, not the fleet), owners resolved to teams as the ledger does, prices from
 //!    the price book
 //!      └─► apron_cost::alert::Tracker, carried from pass to pass: a pass reads only
@@ -24,8 +24,10 @@
 //!    ─► webhook (Slack-compatible `text` + the alert as `apron`): each transition once
 //! ```
 //!
-//! The alert and the hourly `stranded_s` use the same rules (the classifier's idle test
-//! and `stranded_after` with its team and workload-kind overrides from `[cost.classify]`).
+//! The alert and the hourly `stranded_s` use the same rules (the classifier's idle test,
+//! `stranded_after` with its team and workload-kind overrides and `max_idle_gap` from
+//! `[cost.classify]`, and the one idle-run rule of `apron_cost::idlerun`, which the
+//! look further back below states in SQL).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -290,7 +292,7 @@ impl Alerts {
             .map(micros)
             .max()
             .unwrap_or(0);
-        let from = now_us - (classify.max_stranded_after_us() + hold + 600_000_000);
+        let from = now_us - (classify.context_us() + hold + 600_000_000);
         // Take the changes before reading: a row they do not mention is visible below.
         let changed = self.changes.as_ref().map(ChangeFeed::take);
         let carried = self.lock().carried.take().filter(|c| c.resumes(now_us, from, changed.as_ref()));
@@ -440,9 +442,11 @@ impl Alerts {
         Ok(report)
     }
 
-    /// Follows idle runs that reach back to the lookback's start to where they began: the
-    /// end of the last earlier window (within 7 days) that was busy, signal-less or
-    /// someone else's. A gap in the data before the lookback does not end the run here.
+    /// Follows idle runs that reach back to the lookback's start to where they began, by
+    /// the one idle-run rule (`apron_cost::idlerun`, in SQL): the start of the latest
+    /// earlier idle window of the holder (within 7 days) that heads a run — whose
+    /// previous window (signal-less windows of the holder are gap time, left out) is busy
+    /// or someone else's, or ended more than `max_idle_gap` before it.
     async fn extend_runs(&self, tracker: &mut Tracker) -> Result<(), AlertsError> {
         type Key = (String, String, String);
         let runs: Vec<(String, Key, bool, i64)> = tracker
@@ -472,35 +476,42 @@ impl Alerts {
                     format!("({}, {}, {}, {held}, {first})", sql_str(g), sql_str(k), sql_str(w))
                 })
                 .collect();
-            // The run's windows: same holder (or nobody, for a run nobody holds) and idle.
-            let same = format!(
-                "coalesce(CASE WHEN o.held THEN s.owner_kind = o.k AND s.owner = o.w ELSE s.owner IS NULL END \
-                 AND {idle}, false)"
-            );
+            // The run's windows: same holder (or nobody, for a run nobody holds) and idle;
+            // the holder's signal-less windows are gap time and left out (idlerun).
+            let holder = "CASE WHEN o.held THEN s.owner_kind = o.k AND s.owner = o.w ELSE s.owner IS NULL END";
+            let same = format!("coalesce(({holder}) AND {idle}, false)");
+            let gap_time = format!("coalesce(({holder}) AND ({idle}) IS NULL, false)");
+            let start = "CAST(s.time AS BIGINT) - CAST(round(s.window_s * 1000000) AS BIGINT)";
+            // Every window up to the first one fed (its start is `first_us`, included so
+            // that a long gap just before it is seen), each with the previous one's end and
+            // kind; a head is an idle window of the holder after a window of another kind
+            // or after more than max_idle_gap; the run began at the latest head.
             let found = self
                 .query(&format!(
-                    "SELECT o.g, o.k, o.w, max(CASE WHEN NOT {same} THEN s.time END), \
-                     min(CASE WHEN {same} THEN CAST(s.time AS BIGINT) - CAST(s.window_s * 1000000 AS BIGINT) END) \
+                    "SELECT g, k, w, max(CASE WHEN same AND (prev_same IS NULL OR NOT prev_same \
+                     OR st - prev_end > {max_gap}) THEN st END) \
+                     FROM (SELECT o.g AS g, o.k AS k, o.w AS w, {same} AS same, {start} AS st, \
+                     lag(CAST(s.time AS BIGINT)) OVER (PARTITION BY o.g, o.k, o.w ORDER BY s.time) AS prev_end, \
+                     lag({same}) OVER (PARTITION BY o.g, o.k, o.w ORDER BY s.time) AS prev_same \
                      FROM gpu_samples s JOIN (VALUES {}) AS o(g, k, w, held, first_us) ON s.gpu_uuid = o.g \
                      WHERE s.gpu_uuid IN ({}) AND s.time <= {} AND s.time > {} \
-                     AND CAST(s.time AS BIGINT) <= o.first_us AND CAST(s.time AS BIGINT) > o.first_us - {WEEK_US} \
-                     GROUP BY o.g, o.k, o.w",
+                     AND {start} <= o.first_us AND CAST(s.time AS BIGINT) > o.first_us - {WEEK_US} \
+                     AND NOT {gap_time}) AS r \
+                     GROUP BY g, k, w",
                     values.join(", "),
                     str_list(chunk.iter().map(|r| r.0.as_str())),
-                    ts(hi),
-                    ts(lo - WEEK_US)
+                    // The first window fed ends after `first_us` by its length (≤ 1 h).
+                    ts(hi + 3_600_000_000),
+                    ts(lo - WEEK_US),
+                    max_gap = self.ledger.classify_config().max_idle_gap_us(),
                 ))
                 .await?;
             let mut starts: BTreeMap<Key, i64> = BTreeMap::new();
             for b in &found {
-                let last_other = b.column(3).as_primitive::<TimestampMicrosecondType>();
-                let first_same = b.column(4).as_primitive::<Int64Type>();
+                let head = b.column(3).as_primitive::<Int64Type>();
                 for r in 0..b.num_rows() {
-                    let start = (!last_other.is_null(r))
-                        .then(|| last_other.value(r))
-                        .or_else(|| (!first_same.is_null(r)).then(|| first_same.value(r)));
-                    if let Some(start) = start {
-                        starts.insert(run_key(b, r), start);
+                    if !head.is_null(r) {
+                        starts.insert(run_key(b, r), head.value(r));
                     }
                 }
             }

@@ -41,7 +41,7 @@
 //! enabled = true
 //! interval = "1m"
 //! price_book = "/etc/apron/pricebook.toml"
-//! [cost.classify]                    # idle thresholds, stranded_after (+ overrides)
+//! [cost.classify]                    # idle thresholds, stranded_after (+ overrides), max_idle_gap
 //! [cost.teams]                       # team maps, workload-kind and interruptible rules
 //!
 //! [pg]                               # the PostgreSQL port (crate::pg)

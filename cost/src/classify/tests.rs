@@ -116,6 +116,8 @@ fn idle_run_of_20_min_is_allocated_idle_and_exactly_30_min_is_stranded() {
 
 #[test]
 fn unknown_gap_ends_an_idle_run() {
+    // A gap longer than max_idle_gap (2 min by default) ends a run (a shorter one does not:
+    // `a_short_gap_does_not_end_a_run_and_its_seconds_stay_unknown`).
     // 20 idle, 5 min gap (no windows), 20 idle, 15 busy: two 20-min runs, neither stranded.
     // ml: allocated_idle 40 min = 2400 s, active 900 s; the gap's 300 s is unknown with no
     // holder -> team "unallocated". 2400 + 900 + 300 = 3600.
@@ -125,13 +127,89 @@ fn unknown_gap_ends_an_idle_run() {
     let m = cell(&rows, h, "ml");
     assert_eq!((m.allocated_idle, m.active, m.stranded), (2400 * S, 900 * S, 0));
     assert_eq!(cell(&rows, h, UNALLOCATED).unknown, 300 * S);
-    // The same gap filled with signal-less windows that name the holder: still ends the
-    // run, but the 300 s of unknown now belong to ml.
+    // The same gap filled with signal-less windows that name the holder: gap time too, so
+    // still longer than the bound and the run ends; the 300 s of unknown now belong to ml.
     let w = trace(h, &[(20, 'I', Some(0)), (5, 'U', Some(0)), (20, 'I', Some(0)), (15, 'B', Some(0))]);
     let (rows, _) = run(&w, &ClassifyConfig::default(), h, h + US_PER_HOUR);
     assert_eq!(rows.len(), 1);
     let m = cell(&rows, h, "ml");
     assert_eq!((m.allocated_idle, m.unknown, m.stranded), (2400 * S, 300 * S, 0));
+}
+
+#[test]
+fn a_short_gap_does_not_end_a_run_and_its_seconds_stay_unknown() {
+    let h = t("2026-11-23T10:00:00Z");
+    let cfg = ClassifyConfig::default();
+    assert_eq!(cfg.max_idle_gap, Duration::from_secs(120));
+    // 20 idle, 1 min gap (no windows: an agent restart), 20 idle, 19 busy, holder ml.
+    // One run 10:00–10:41, 41 min >= 30 including the gap: its idle windows are stranded
+    // from its start, 40 min = 2400 s; allocated idle 0; active 19 min = 1140 s; the gap's
+    // 60 s unknown with no holder (team "unallocated"). 2400 + 1140 + 60 = 3600.
+    let w = trace(h, &[(20, 'I', Some(0)), (1, '-', None), (20, 'I', Some(0)), (19, 'B', Some(0))]);
+    let (rows, c) = run(&w, &cfg, h, h + US_PER_HOUR);
+    let m = cell(&rows, h, "ml");
+    assert_eq!((m.stranded, m.allocated_idle, m.active, m.unknown), (2400 * S, 0, 1140 * S, 0));
+    assert_eq!(cell(&rows, h, UNALLOCATED).unknown, 60 * S);
+    assert_eq!(c.stranded_runs, vec![StrandedRun { holder: HolderId(0), start_us: h, end_us: h + 41 * MIN }]);
+    // A gap of exactly the bound, as signal-less windows naming the holder: 20 I, 2 U,
+    // 20 I, 18 B. Stranded 2400 s, active 1080 s, the 120 s unknown are ml's.
+    let w = trace(h, &[(20, 'I', Some(0)), (2, 'U', Some(0)), (20, 'I', Some(0)), (18, 'B', Some(0))]);
+    let (rows, _) = run(&w, &cfg, h, h + US_PER_HOUR);
+    let m = cell(&rows, h, "ml");
+    assert_eq!((m.stranded, m.allocated_idle, m.active, m.unknown), (2400 * S, 0, 1080 * S, 120 * S));
+    // Longer than the bound (3 min): two 20-min runs, allocated idle 2400 s, unknown 180 s.
+    let w = trace(h, &[(20, 'I', Some(0)), (3, '-', None), (20, 'I', Some(0)), (17, 'B', Some(0))]);
+    let (rows, c) = run(&w, &cfg, h, h + US_PER_HOUR);
+    let m = cell(&rows, h, "ml");
+    assert_eq!((m.stranded, m.allocated_idle, m.active), (0, 2400 * S, 1020 * S));
+    assert!(c.stranded_runs.is_empty());
+    // `max_idle_gap = "0s"`: only back-to-back windows make a run (the rule before it had
+    // a bound): the 1-min gap ends it.
+    let strict = ClassifyConfig::from_toml("max_idle_gap = \"0s\"").expect("config");
+    let w = trace(h, &[(20, 'I', Some(0)), (1, '-', None), (20, 'I', Some(0)), (19, 'B', Some(0))]);
+    let (rows, _) = run(&w, &strict, h, h + US_PER_HOUR);
+    assert_eq!(cell(&rows, h, "ml").allocated_idle, 2400 * S);
+}
+
+#[test]
+fn a_holder_change_ends_a_run_across_a_short_gap_even_without_a_signal() {
+    let h = t("2026-11-23T10:00:00Z");
+    // 20 idle ml, 1 min gap, 20 idle vision (another holder), 19 busy vision: two runs of
+    // 20 min, neither stranded: ml allocated idle 1200 s, vision 1200 s + active 1140 s.
+    let w = trace(h, &[(20, 'I', Some(0)), (1, '-', None), (20, 'I', Some(1)), (19, 'B', Some(1))]);
+    let (rows, c) = run(&w, &ClassifyConfig::default(), h, h + US_PER_HOUR);
+    assert_eq!((cell(&rows, h, "ml").allocated_idle, cell(&rows, h, "ml").stranded), (1200 * S, 0));
+    assert_eq!(cell(&rows, h, "vision").allocated_idle, 1200 * S);
+    assert!(c.stranded_runs.is_empty());
+    // A signal-less window of another holder inside ml's short gap ends ml's run too: 20 I
+    // ml, 1 U vision, 20 I ml, 19 B ml: ml allocated idle 2400 s, vision unknown 60 s.
+    let w = trace(h, &[(20, 'I', Some(0)), (1, 'U', Some(1)), (20, 'I', Some(0)), (19, 'B', Some(0))]);
+    let (rows, c) = run(&w, &ClassifyConfig::default(), h, h + US_PER_HOUR);
+    assert_eq!((cell(&rows, h, "ml").allocated_idle, cell(&rows, h, "ml").stranded), (2400 * S, 0));
+    assert_eq!(cell(&rows, h, "vision").unknown, 60 * S);
+    assert!(c.stranded_runs.is_empty());
+}
+
+#[test]
+fn a_restart_inside_a_ten_hour_stranded_run_keeps_it_stranded_from_its_start() {
+    // The finding: 10 s windows, idle and held by ml since 00:00, an agent restart leaves
+    // 40 s without windows at 10:00:00–10:00:40, idle again until 10:30. Classifying
+    // 10:00–11:00 (the data before it as context): the run started at 00:00 continues, so
+    // 10:00:40–10:30 is stranded (1800 − 40 = 1760 s), nothing allocated idle, the 40 s
+    // and 10:30–11:00 (1800 s) unknown: 1760 + 40 + 1800 = 3600.
+    let day = t("2026-11-23T00:00:00Z");
+    let ten = day + 10 * US_PER_HOUR;
+    let mut w = Vec::new();
+    stretch(&mut w, day, 600, 10 * S, 'I', Some(0));
+    stretch(&mut w, ten + 40 * S, 29, 10 * S, 'I', Some(0));
+    // `stretch` covers whole minutes: 10:00:40 + 29 min = 10:29:40; 20 s more to 10:30.
+    w.push(Window { end_us: ten + 29 * MIN + 50 * S, ..*w.last().expect("window") });
+    w.push(Window { end_us: ten + 30 * MIN, ..*w.last().expect("window") });
+    let (rows, c) = run(&w, &ClassifyConfig::default(), ten, ten + US_PER_HOUR);
+    let ml = cell(&rows, ten, "ml");
+    assert_eq!((ml.stranded, ml.allocated_idle), (1760 * S, 0));
+    assert_eq!(cell(&rows, ten, UNALLOCATED).unknown, 1840 * S);
+    assert_eq!(c.stranded_runs, vec![StrandedRun { holder: HolderId(0), start_us: day, end_us: ten + 30 * MIN }]);
 }
 
 #[test]
@@ -295,6 +373,9 @@ fn recompute_plan_context_is_sufficient_and_changes_stay_inside_it() {
         .expect("config");
     let s = cfg.max_stranded_after_us();
     assert_eq!(s, 90 * MIN);
+    // The context is that plus max_idle_gap (default 2 min): a run's link across a short
+    // gap is seen only with the gap's far side (see `recompute_plan`).
+    assert_eq!(cfg.context_us(), 92 * MIN);
     let day = t("2026-11-23T00:00:00Z");
     let full = pseudo_random_trace(day, 24, 7);
     let all = classify(&full, &holders(), &cfg, day, day + 24 * US_PER_HOUR).expect("classify").hourly();
@@ -302,12 +383,13 @@ fn recompute_plan_context_is_sufficient_and_changes_stay_inside_it() {
     // Late data changed samples in [09:10, 09:20).
     let (a, b) = (day + 9 * US_PER_HOUR + 10 * MIN, day + 9 * US_PER_HOUR + 20 * MIN);
     let plan = recompute_plan(a, b, &cfg);
-    // By hand: a − 90m = 07:40 -> hours from 07:00; b + 90m = 10:50 -> hours to 11:00;
-    // data [07:00 − 90m, 11:00 + 90m) = [05:30, 12:30).
+    // By hand, with the context 92 min (90 + max_idle_gap 2; before the gap rule it was 90
+    // and the data [05:30, 12:30)): a − 92m = 07:38 -> hours from 07:00; b + 92m = 10:52 ->
+    // hours to 11:00; data [07:00 − 92m, 11:00 + 92m) = [05:28, 12:32).
     assert_eq!(plan.hours_from_us, day + 7 * US_PER_HOUR);
     assert_eq!(plan.hours_to_us, day + 11 * US_PER_HOUR);
-    assert_eq!(plan.data_from_us, day + 5 * US_PER_HOUR + 30 * MIN);
-    assert_eq!(plan.data_to_us, day + 12 * US_PER_HOUR + 30 * MIN);
+    assert_eq!(plan.data_from_us, day + 5 * US_PER_HOUR + 28 * MIN);
+    assert_eq!(plan.data_to_us, day + 12 * US_PER_HOUR + 32 * MIN);
 
     // (1) Sufficient context: classifying the plan's hours from only the plan's data gives
     // the same cells as classifying from the whole day.

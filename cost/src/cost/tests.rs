@@ -102,6 +102,25 @@ fn unknown_seconds_are_not_billed() {
 }
 
 #[test]
+fn a_short_gap_keeps_stranded_pricing_from_the_runs_start_and_is_not_billed() {
+    // 20 idle, 1 min gap (an agent restart; max_idle_gap is 2 min), 20 idle, 19 busy:
+    // one 41-min run, stranded from its start. ml known = 2400 + 1140 = 3540 s:
+    // 12.29 × 3540/3600 = 12.0851666… -> 12.085167; idle = stranded = 2400 s:
+    // 12.29 × 2/3 = 8.193333… -> 8.193333. The gap's 60 s sit in "unallocated", $0.
+    let h = t("2026-11-23T10:00:00Z");
+    let w = trace(h, &[(20, 'I', Some(0)), (1, '-', None), (20, 'I', Some(0)), (19, 'B', Some(0))]);
+    let c = classify(&w, &holders(), &ClassifyConfig::default(), h, h + US_PER_HOUR).expect("classify");
+    let rows = hourly_cost(&c, &book(), &H100).expect("cost");
+    let m = money(&rows, h, "ml");
+    assert_eq!(
+        (m.cost_usd, m.idle_cost_usd, m.stranded_cost_usd),
+        (Micros(12_085_167), Micros(8_193_333), Micros(8_193_333))
+    );
+    let u = money(&rows, h, UNALLOCATED);
+    assert_eq!((u.cost_usd, u.idle_cost_usd, u.stranded_cost_usd), (Micros(0), Micros(0), Micros(0)));
+}
+
+#[test]
 fn price_change_at_12_30_splits_the_hour() {
     // 12:00–12:15 busy, 12:15–12:45 idle (30 min: stranded), 12:45–13:00 busy.
     // Price 12.29 until 12:30, 6.88 from 12:30.

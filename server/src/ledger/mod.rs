@@ -15,7 +15,8 @@
 //!        (2 h) in steps: the passes the clock would have run at D + 2 h, D + 4 h, …,
 //!        now, each step's rows held in memory for the next, stored after the last
 //!      per GPU (MIG parents excluded: instances carry cost), windows in
-//!        (F − S, min(D + 1 d + S, now)]   S = the longest stranded_after (context)
+//!        (F − S, min(D + 1 d + S, now)]   S = the longest stranded_after + max_idle_gap
+//!                                          (the context, ClassifyConfig::context_us)
 //!      → apron_cost::classify over [F, now's hour] (holders from the owner columns,
 //!        teams resolved in the brief's order, static GPU/host maps as dedicated
 //!        allocations) → apron_cost::hourly_cost → gpu_cost_hourly rows
@@ -28,8 +29,10 @@
 //! ```
 //!
 //! Why the context S: a window's state depends only on data within S of it (the
-//! classifier's `recompute_plan` proves it), so a day computed with S either side is
-//! exact, and so are the hours from F on when nothing before `unseen` changed. A pass
+//! classifier's `recompute_plan` proves it; S includes `max_idle_gap` because an idle run
+//! continues across a gap that short, `apron_cost::idlerun`), so a day computed with S
+//! either side is exact, and so are the hours from F on when nothing before `unseen`
+//! changed. A pass
 //! over today reads about 2·S plus an hour of windows per GPU instead of the whole day;
 //! `server/tests/server/incremental.rs` checks, on a 27-hour trace with late batches,
 //! silent and new GPUs, MIG and process owners, that the rows equal a whole computation.
@@ -300,7 +303,7 @@ impl Ledger {
 
     /// Day `day`'s bounds as the clock reads `now_us`.
     fn bounds(&self, day: i64, now_us: i64) -> Bounds {
-        let s = self.config.classify.max_stranded_after_us();
+        let s = self.config.classify.context_us();
         let (day_start, day_end) = (day * DAY_US, (day + 1) * DAY_US);
         Bounds {
             day_start,
@@ -470,7 +473,7 @@ impl Ledger {
     /// counts as changed. Process samples speak for windows after them, so they count
     /// at their own time.
     fn plan(&self, day: i64, now_us: i64, memo: &DayMemo, changed: &Changed) -> Plan {
-        let s = self.config.classify.max_stranded_after_us();
+        let s = self.config.classify.context_us();
         let Bounds { day_start, hi, to_us, .. } = self.bounds(day, now_us);
         let mut unseen = memo.hi_us;
         for table in [Table::GpuSamples, Table::GpuProcesses] {
@@ -501,7 +504,7 @@ impl Ledger {
     /// computation), each step keeping the rows of the one before from memory. Nothing
     /// is stored until the last step.
     async fn compute_whole(&self, day: i64, now_us: i64) -> Result<(DayRows, DayMemo), DayError> {
-        let s = self.config.classify.max_stranded_after_us();
+        let s = self.config.classify.context_us();
         let step = i64::try_from(self.config.catch_up_step.as_micros()).unwrap_or(i64::MAX);
         let Bounds { day_start, hi, .. } = self.bounds(day, now_us);
         // Each step reads again the hours from `floor_h(previous end − S)` and S before
@@ -546,7 +549,7 @@ impl Ledger {
         memo: Option<DayMemo>,
         prior: Prior<'_>,
     ) -> Result<(DayRows, DayMemo), DayError> {
-        let s = self.config.classify.max_stranded_after_us();
+        let s = self.config.classify.context_us();
         let Bounds { day_start, day_end, hi, to_us } = self.bounds(day, now_us);
         let inc = match (plan, memo) {
             (Plan::From(i), Some(m)) => Some((i, m)),
