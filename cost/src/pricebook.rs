@@ -163,6 +163,9 @@ impl DateText {
 #[serde(deny_unknown_fields)]
 struct RawBook {
     version: String,
+    /// `example = true`: example figures (`deploy/pricebook.example.toml`); reports say so.
+    #[serde(default)]
+    example: bool,
     #[serde(default)]
     price: Vec<RawEntry>,
 }
@@ -375,6 +378,8 @@ pub struct PriceTableRow {
 #[derive(Clone, Debug)]
 pub struct PriceBook {
     version: String,
+    /// The book says `example = true`: its figures are examples, not anyone's rates.
+    example: bool,
     entries: Vec<PriceEntry>,
     /// Lower-cased matchers, parallel to `entries`.
     lowered: Vec<Vec<String>>,
@@ -486,7 +491,9 @@ impl PriceBook {
                 source: e.source,
             });
         }
-        PriceBook::new(raw.version, entries)
+        let mut book = PriceBook::new(raw.version, entries)?;
+        book.example = raw.example;
+        Ok(book)
     }
 
     /// Validates entries built in code (or imported from SkyPilot).
@@ -545,11 +552,17 @@ impl PriceBook {
             }
             lowered.push(low);
         }
-        Ok(PriceBook { version, entries, lowered })
+        Ok(PriceBook { version, example: false, entries, lowered })
     }
 
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// Whether the book is marked `example = true` (example figures: reports priced by
+    /// it say so wherever they show dollars).
+    pub fn is_example(&self) -> bool {
+        self.example
     }
 
     pub fn entries(&self) -> &[PriceEntry] {
@@ -866,6 +879,7 @@ mod example_book {
     fn the_example_price_book_prices_every_simulated_model() {
         let book = PriceBook::from_toml(include_str!("../../deploy/pricebook.example.toml")).expect("parses");
         assert_eq!(book.version(), "example-2026-12");
+        assert!(book.is_example(), "the example book is marked example = true");
         let t = 20_789 * 86_400_000_000; // 2026-12-02
         let price = |model: &str, cluster: Option<&str>| match book
             .price_at(&GpuKey { model_name: model, mig_profile: None, cluster }, t)

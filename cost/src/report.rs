@@ -30,8 +30,12 @@
 //!
 //! JSON (serde; money as numbers with two decimals), CSV as **one file per table**
 //! (`summary.csv`, `teams.csv`, `top_stranded.csv`, `prices.csv` — what finance imports
-//! cleanly, one header each), and self-contained HTML (inline CSS and an inline SVG chart,
-//! no script). XLSX is the server's (rust_xlsxwriter), built from the same model.
+//! cleanly, one header each), and self-contained HTML that reads at 800 px as a mail body
+//! (inline CSS, three narrow team tables, a scaling inline SVG chart, no script). The CSV
+//! and the server's XLSX (rust_xlsxwriter) are both written from [`WeeklyReport::tables`]
+//! (typed cells). Every rendering says what its coverage is a share of
+//! ([`coverage_basis`]) and, when the example price book priced it, that its dollars are
+//! example prices ([`EXAMPLE_PRICES_NOTE`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -235,10 +239,22 @@ pub struct WeeklyReport {
     pub week_end: String,
     pub generated_at: String,
     pub price_book_version: String,
+    /// The dollars are priced by the example price book (`example = true` in it, as in
+    /// `deploy/pricebook.example.toml`): every rendering says so.
+    pub example_prices: bool,
     /// Known GPU-seconds / all GPU-seconds of the rows in the week (`null` with no rows).
     pub coverage: Option<f64>,
+    /// GPU-hours with samples (every state but unknown).
     pub known_gpu_hours: GpuHours,
+    /// The denominator: the GPU-hours of the week's `gpu_cost_hourly` rows (see
+    /// [`coverage_basis`]).
     pub total_gpu_hours: GpuHours,
+    /// Distinct GPUs (MIG instances count as GPUs) with rows in the week.
+    pub coverage_gpus: u32,
+    /// Distinct clock hours of the week with rows (of its 168).
+    pub coverage_hours: u32,
+    /// What `total_gpu_hours` is, in words ([`coverage_basis`]).
+    pub coverage_basis: String,
     pub share_unallocated: ShareUnallocated,
     pub teams: Vec<Line>,
     pub unallocated: Line,
@@ -263,6 +279,37 @@ pub struct ReportInput<'a> {
     pub share_unallocated: ShareUnallocated,
     /// The previous week's report, for week-over-week changes.
     pub previous: Option<&'a WeeklyReport>,
+    /// The price book is the example one (`PriceBook::is_example`).
+    pub example_prices: bool,
+}
+
+/// Hours in an ISO week.
+pub const WEEK_HOURS: u32 = 168;
+
+/// What a report says wherever it shows dollars priced by the example price book.
+pub const EXAMPLE_PRICES_NOTE: &str = "EXAMPLE PRICES: these dollars come from the example price book \
+    (deploy/pricebook.example.toml, example = true), not your rates; configure [cost] price_book \
+    with your own before acting on them.";
+
+/// The coverage denominator in words: which GPU-hours the ledger has rows for. The
+/// ledger (`server/src/ledger`) writes, for each UTC day, a row for every hour of the
+/// day (up to the hour last priced) for every GPU that sent samples in that day; hours
+/// of such a GPU without samples are unknown. GPUs and days with no samples at all have
+/// no rows, so they are not in the denominator.
+pub fn coverage_basis(gpus: u32, hours: u32) -> String {
+    format!(
+        "the GPU-hours the ledger has rows for: {gpus} GPU{}, each for every hour of the UTC days it sent \
+         samples in (up to the last hour priced), in {hours} of the week's {WEEK_HOURS} hours; \
+         GPUs and days with no samples at all are not counted",
+        if gpus == 1 { "" } else { "s" }
+    )
+}
+
+/// The coverage line of the HTML, the terminal and the mail: the ratio, both GPU-hour
+/// figures and what the denominator is. `known` and `total` as printed (`12.34`).
+pub fn coverage_sentence(coverage: Option<f64>, known: &str, total: &str, basis: &str) -> String {
+    let pct = coverage.map_or_else(|| "n/a".to_owned(), |c| format!("{:.1} %", c * 100.0));
+    format!("Data coverage {pct}: {known} GPU-hours with samples of {total} GPU-hours, {basis}.")
 }
 
 #[derive(Default)]
@@ -379,7 +426,10 @@ impl WeeklyReport {
         let (from, to) = (input.week.start_us(), input.week.end_us());
         let mut aggs: BTreeMap<&str, Agg> = BTreeMap::new();
         let (mut known, mut all) = (0i64, 0i64);
+        let (mut gpus_seen, mut hours_seen) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
         for r in input.rows.iter().filter(|r| r.hour_us >= from && r.hour_us < to) {
+            gpus_seen.insert(r.gpu_uuid.as_str());
+            hours_seen.insert(r.hour_us);
             let allocated_idle_like = r.allocated_idle_us.saturating_add(r.stranded_us);
             if r.unallocated_idle_us > 0 && allocated_idle_like > 0 {
                 return Err(ReportError::MixedIdleRow { team: r.team.clone(), hour: format_rfc3339(r.hour_us) });
@@ -480,9 +530,16 @@ impl WeeklyReport {
             week_end: format_rfc3339(to),
             generated_at: format_rfc3339(input.generated_at_us),
             price_book_version: input.price_book_version.to_owned(),
+            example_prices: input.example_prices,
             coverage: (all > 0).then(|| known as f64 / all as f64),
             known_gpu_hours: GpuHours::from_us(known),
             total_gpu_hours: GpuHours::from_us(all),
+            coverage_gpus: u32::try_from(gpus_seen.len()).unwrap_or(u32::MAX),
+            coverage_hours: u32::try_from(hours_seen.len()).unwrap_or(u32::MAX),
+            coverage_basis: coverage_basis(
+                u32::try_from(gpus_seen.len()).unwrap_or(u32::MAX),
+                u32::try_from(hours_seen.len()).unwrap_or(u32::MAX),
+            ),
             share_unallocated: input.share_unallocated,
             teams,
             unallocated,
@@ -497,146 +554,218 @@ impl WeeklyReport {
         Ok(serde_json::to_string_pretty(self)?)
     }
 
-    /// One CSV per table: `(file name, contents)`.
-    pub fn to_csv(&self) -> Result<Vec<(&'static str, String)>, ReportError> {
-        fn finish(w: csv::Writer<Vec<u8>>) -> Result<String, ReportError> {
-            let bytes = w.into_inner().map_err(|e| ReportError::Csv(e.to_string()))?;
-            String::from_utf8(bytes).map_err(|e| ReportError::Csv(e.to_string()))
+    /// The report's four tables as typed cells — what the CSV files and the XLSX sheets
+    /// are both written from (the XLSX from the types, never by re-reading CSV text).
+    pub fn tables(&self) -> Vec<Table> {
+        let text = |s: &str| Cell::Text(s.to_owned());
+        let flag = Cell::Flag(self.example_prices);
+        let mut summary = vec![
+            vec![text("week"), text(&self.week)],
+            vec![text("week_start"), text(&self.week_start)],
+            vec![text("week_end"), text(&self.week_end)],
+            vec![text("generated_at"), text(&self.generated_at)],
+            vec![text("price_book_version"), text(&self.price_book_version)],
+            vec![text("example_prices"), flag.clone()],
+        ];
+        if self.example_prices {
+            summary.push(vec![text("example_prices_note"), text(EXAMPLE_PRICES_NOTE)]);
         }
-        let err = |e: csv::Error| ReportError::Csv(e.to_string());
-        let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
-        let optc = |v: Option<Cents>| v.map_or(String::new(), |v| v.to_string());
-
-        let mut s = csv::Writer::from_writer(Vec::new());
-        s.write_record(["key", "value"]).map_err(err)?;
-        for (k, v) in [
-            ("week", self.week.clone()),
-            ("week_start", self.week_start.clone()),
-            ("week_end", self.week_end.clone()),
-            ("generated_at", self.generated_at.clone()),
-            ("price_book_version", self.price_book_version.clone()),
-            ("coverage", opt(self.coverage)),
-            ("known_gpu_hours", self.known_gpu_hours.to_string()),
-            ("total_gpu_hours", self.total_gpu_hours.to_string()),
-            ("share_unallocated", format!("{:?}", self.share_unallocated).to_lowercase()),
-        ] {
-            s.write_record([k, v.as_str()]).map_err(err)?;
-        }
+        summary.extend([
+            vec![text("coverage"), Cell::Ratio(self.coverage)],
+            vec![text("known_gpu_hours"), Cell::Hours(self.known_gpu_hours)],
+            vec![text("total_gpu_hours"), Cell::Hours(self.total_gpu_hours)],
+            vec![text("coverage_gpus"), Cell::Int(i64::from(self.coverage_gpus))],
+            vec![text("coverage_hours"), Cell::Int(i64::from(self.coverage_hours))],
+            vec![text("coverage_basis"), text(&self.coverage_basis)],
+            vec![text("share_unallocated"), text(&format!("{:?}", self.share_unallocated).to_lowercase())],
+        ]);
         if !self.stale_shards.is_empty() {
-            s.write_record(["stale_shards", self.stale_shards.join(" ").as_str()]).map_err(err)?;
+            summary.push(vec![text("stale_shards"), text(&self.stale_shards.join(" "))]);
         }
 
-        let mut t = csv::Writer::from_writer(Vec::new());
-        t.write_record([
-            "team",
-            "gpu_hours_allocated",
-            "gpu_hours_active",
-            "gpu_hours_underused",
-            "gpu_hours_stranded",
-            "gpu_hours_allocated_idle",
-            "gpu_hours_unallocated_idle",
-            "gpu_hours_unallocated_busy",
-            "gpu_hours_unknown",
-            "unpriced_gpu_hours",
-            "utilisation",
-            "cost_usd",
-            "idle_cost_usd",
-            "allocated_idle_cost_usd",
-            "stranded_cost_usd",
-            "unallocated_idle_cost_usd",
-            "unallocated_share_usd",
-            "total_usd",
-            "change_idle_cost_usd",
-            "change_cost_usd",
-        ])
-        .map_err(err)?;
-        for l in self.teams.iter().chain([&self.unallocated, &self.fleet]) {
-            t.write_record([
-                l.team.clone(),
-                l.gpu_hours_allocated.to_string(),
-                l.gpu_hours_active.to_string(),
-                l.gpu_hours_underused.to_string(),
-                l.gpu_hours_stranded.to_string(),
-                l.gpu_hours_allocated_idle.to_string(),
-                l.gpu_hours_unallocated_idle.to_string(),
-                l.gpu_hours_unallocated_busy.to_string(),
-                l.gpu_hours_unknown.to_string(),
-                l.unpriced_gpu_hours.to_string(),
-                opt(l.utilisation),
-                l.cost_usd.to_string(),
-                l.idle_cost_usd.to_string(),
-                l.allocated_idle_cost_usd.to_string(),
-                l.stranded_cost_usd.to_string(),
-                l.unallocated_idle_cost_usd.to_string(),
-                l.unallocated_share_usd.to_string(),
-                l.total_usd.to_string(),
-                optc(l.change_idle_cost_usd),
-                optc(l.change_cost_usd),
-            ])
-            .map_err(err)?;
-        }
+        let teams = self
+            .teams
+            .iter()
+            .chain([&self.unallocated, &self.fleet])
+            .map(|l| {
+                vec![
+                    text(&l.team),
+                    Cell::Hours(l.gpu_hours_allocated),
+                    Cell::Hours(l.gpu_hours_active),
+                    Cell::Hours(l.gpu_hours_underused),
+                    Cell::Hours(l.gpu_hours_stranded),
+                    Cell::Hours(l.gpu_hours_allocated_idle),
+                    Cell::Hours(l.gpu_hours_unallocated_idle),
+                    Cell::Hours(l.gpu_hours_unallocated_busy),
+                    Cell::Hours(l.gpu_hours_unknown),
+                    Cell::Hours(l.unpriced_gpu_hours),
+                    Cell::Ratio(l.utilisation),
+                    Cell::Money(Some(l.cost_usd)),
+                    Cell::Money(Some(l.idle_cost_usd)),
+                    Cell::Money(Some(l.allocated_idle_cost_usd)),
+                    Cell::Money(Some(l.stranded_cost_usd)),
+                    Cell::Money(Some(l.unallocated_idle_cost_usd)),
+                    Cell::Money(Some(l.unallocated_share_usd)),
+                    Cell::Money(Some(l.total_usd)),
+                    Cell::Money(l.change_idle_cost_usd),
+                    Cell::Money(l.change_cost_usd),
+                    flag.clone(),
+                ]
+            })
+            .collect();
 
-        let mut st = csv::Writer::from_writer(Vec::new());
-        st.write_record(["rank", "owner", "team", "gpus", "duration_hours", "cost_usd"]).map_err(err)?;
-        for (i, l) in self.top_stranded.iter().enumerate() {
-            st.write_record([
-                (i + 1).to_string(),
-                l.owner.clone(),
-                l.team.clone(),
-                l.gpus.to_string(),
-                l.duration_hours.to_string(),
-                l.cost_usd.to_string(),
-            ])
-            .map_err(err)?;
-        }
+        let stranded = self
+            .top_stranded
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                vec![
+                    Cell::Int(i64::try_from(i + 1).unwrap_or(i64::MAX)),
+                    // Always text: a Slurm job id looks like a number, a pod is a name.
+                    text(&l.owner),
+                    text(&l.team),
+                    Cell::Int(i64::from(l.gpus)),
+                    Cell::Hours(l.duration_hours),
+                    Cell::Money(Some(l.cost_usd)),
+                    flag.clone(),
+                ]
+            })
+            .collect();
 
-        let mut p = csv::Writer::from_writer(Vec::new());
-        p.write_record(["model", "cluster", "kind", "effective_from", "usd_per_gpu_hour", "derivation", "source"])
-            .map_err(err)?;
-        for r in &self.prices {
-            p.write_record([
-                r.model.clone(),
-                r.cluster.clone().unwrap_or_default(),
-                r.kind.as_str().to_owned(),
-                r.effective_from.clone().unwrap_or_default(),
-                r.usd_per_gpu_hour.to_string(),
-                r.derivation.clone().unwrap_or_default(),
-                r.source.clone().unwrap_or_default(),
-            ])
-            .map_err(err)?;
-        }
-        Ok(vec![
-            ("summary.csv", finish(s)?),
-            ("teams.csv", finish(t)?),
-            ("top_stranded.csv", finish(st)?),
-            ("prices.csv", finish(p)?),
-        ])
+        let prices = self
+            .prices
+            .iter()
+            .map(|r| {
+                vec![
+                    text(&r.model),
+                    text(r.cluster.as_deref().unwrap_or_default()),
+                    text(r.kind.as_str()),
+                    text(r.effective_from.as_deref().unwrap_or_default()),
+                    Cell::Price(r.usd_per_gpu_hour),
+                    text(r.derivation.as_deref().unwrap_or_default()),
+                    text(r.source.as_deref().unwrap_or_default()),
+                    flag.clone(),
+                ]
+            })
+            .collect();
+
+        vec![
+            Table { name: "summary", header: vec!["key", "value"], rows: summary },
+            Table {
+                name: "teams",
+                header: vec![
+                    "team",
+                    "gpu_hours_allocated",
+                    "gpu_hours_active",
+                    "gpu_hours_underused",
+                    "gpu_hours_stranded",
+                    "gpu_hours_allocated_idle",
+                    "gpu_hours_unallocated_idle",
+                    "gpu_hours_unallocated_busy",
+                    "gpu_hours_unknown",
+                    "unpriced_gpu_hours",
+                    "utilisation",
+                    "cost_usd",
+                    "idle_cost_usd",
+                    "allocated_idle_cost_usd",
+                    "stranded_cost_usd",
+                    "unallocated_idle_cost_usd",
+                    "unallocated_share_usd",
+                    "total_usd",
+                    "change_idle_cost_usd",
+                    "change_cost_usd",
+                    "example_prices",
+                ],
+                rows: teams,
+            },
+            Table {
+                name: "top_stranded",
+                header: vec!["rank", "owner", "team", "gpus", "duration_hours", "cost_usd", "example_prices"],
+                rows: stranded,
+            },
+            Table {
+                name: "prices",
+                header: vec![
+                    "model",
+                    "cluster",
+                    "kind",
+                    "effective_from",
+                    "usd_per_gpu_hour",
+                    "derivation",
+                    "source",
+                    "example_prices",
+                ],
+                rows: prices,
+            },
+        ]
     }
 
-    /// Self-contained, printable HTML: inline CSS, an inline SVG bar chart of idle cost by
-    /// kind per team, no script.
+    /// One CSV per table: `(file name, contents)`.
+    pub fn to_csv(&self) -> Result<Vec<(&'static str, String)>, ReportError> {
+        let err = |e: csv::Error| ReportError::Csv(e.to_string());
+        let mut out = Vec::new();
+        for table in self.tables() {
+            let mut w = csv::Writer::from_writer(Vec::new());
+            w.write_record(&table.header).map_err(err)?;
+            for row in &table.rows {
+                w.write_record(row.iter().map(Cell::to_text)).map_err(err)?;
+            }
+            let bytes = w.into_inner().map_err(|e| ReportError::Csv(e.to_string()))?;
+            let name = match table.name {
+                "summary" => "summary.csv",
+                "teams" => "teams.csv",
+                "top_stranded" => "top_stranded.csv",
+                _ => "prices.csv",
+            };
+            out.push((name, String::from_utf8(bytes).map_err(|e| ReportError::Csv(e.to_string()))?));
+        }
+        Ok(out)
+    }
+
+    /// The coverage line: ratio, both GPU-hour figures and what the denominator is.
+    pub fn coverage_line(&self) -> String {
+        coverage_sentence(
+            self.coverage,
+            &self.known_gpu_hours.to_string(),
+            &self.total_gpu_hours.to_string(),
+            &self.coverage_basis,
+        )
+    }
+    /// Self-contained, printable HTML that reads as a mail body at 800 px: inline CSS
+    /// (a `<style>` block, no external sheet), an inline SVG bar chart of idle cost by
+    /// kind per team (scaled to the width), no script. The team figures are three narrow
+    /// tables (hours, cost, idle cost by kind) rather than one of 15 columns, and long
+    /// names wrap, so nothing needs more than ~700 px.
     pub fn to_html(&self) -> String {
         let e = html_escape;
         let mut h = String::new();
         h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+        h.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">");
         h.push_str(&format!("<title>Apron GPU idle cost {}</title>", e(&self.week)));
         h.push_str(
-            "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;\
-             margin:1em 0}th,td{border:1px solid #ccc;padding:.25em .5em}td.n{text-align:right;\
-             font-variant-numeric:tabular-nums}tr.total td{font-weight:bold;border-top:2px solid #333}\
+            "<style>body{font-family:system-ui,sans-serif;margin:1em;color:#222;max-width:60em}\
+             table{border-collapse:collapse;margin:.5em 0 1.5em;max-width:100%}\
+             th,td{border:1px solid #ccc;padding:.25em .4em;overflow-wrap:anywhere;word-break:break-word}\
+             th{text-align:left;vertical-align:bottom;font-size:90%}\
+             td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+             tr.total td{font-weight:bold;border-top:2px solid #333}\
              .legend span{display:inline-block;width:1em;height:1em;margin:0 .3em 0 1em;vertical-align:middle}\
+             .example{border:2px solid #d9534f;background:#fdf0ef;padding:.5em .75em;font-weight:bold}\
+             svg{max-width:100%;height:auto}\
              @media print{body{margin:0}}</style></head><body>\n",
         );
         h.push_str(&format!("<h1>GPU idle cost — week {}</h1>\n", e(&self.week)));
+        if self.example_prices {
+            h.push_str(&format!("<p class=\"example\">{}</p>\n", e(EXAMPLE_PRICES_NOTE)));
+        }
         h.push_str(&format!(
-            "<p>{} to {} (UTC). Price book <b>{}</b>. Data coverage {} ({} of {} GPU-hours known). Generated {}.</p>\n",
+            "<p>{} to {} (UTC). Price book <b>{}</b>{}. Generated {}.</p>\n<p>{}</p>\n",
             e(&self.week_start),
             e(&self.week_end),
             e(&self.price_book_version),
-            self.coverage.map_or("n/a".to_owned(), |c| format!("{:.1}%", c * 100.0)),
-            self.known_gpu_hours,
-            self.total_gpu_hours,
-            e(&self.generated_at)
+            if self.example_prices { " (example prices)" } else { "" },
+            e(&self.generated_at),
+            e(&self.coverage_line()),
         ));
         if !self.stale_shards.is_empty() {
             h.push_str(&format!(
@@ -645,38 +774,66 @@ impl WeeklyReport {
             ));
         }
         h.push_str(&self.svg_chart());
-        h.push_str(
-            "<h2>Teams</h2>\n<table><tr><th>team</th><th>GPU-h allocated</th><th>active</th><th>stranded</th>\
-            <th>allocated idle</th><th>unknown</th><th>utilisation</th><th>cost $</th><th>idle $</th>\
-            <th>allocated idle $</th><th>stranded $</th><th>unallocated idle $</th><th>unallocated share $</th>\
-            <th>total $</th><th>Δ idle $ vs previous week</th></tr>\n",
+        let lines: Vec<(&Line, &str)> = self
+            .teams
+            .iter()
+            .map(|l| (l, ""))
+            .chain([(&self.unallocated, ""), (&self.fleet, " class=\"total\"")])
+            .collect();
+        let table = |h: &mut String, title: &str, heads: &[&str], cells: &dyn Fn(&Line) -> Vec<String>| {
+            h.push_str(&format!("<h2>{title}</h2>\n<table><tr><th>team</th>"));
+            for head in heads {
+                h.push_str(&format!("<th>{head}</th>"));
+            }
+            h.push_str("</tr>\n");
+            for (l, class) in &lines {
+                h.push_str(&format!("<tr{class}><td>{}</td>", e(&l.team)));
+                for c in cells(l) {
+                    h.push_str(&format!("<td class=n>{c}</td>"));
+                }
+                h.push_str("</tr>\n");
+            }
+            h.push_str("</table>\n");
+        };
+        let dash = |c: Option<Cents>| c.map_or("–".to_owned(), |c| c.to_string());
+        table(
+            &mut h,
+            "Teams: GPU-hours",
+            &["allocated", "active", "stranded", "allocated idle", "unknown", "utilisation"],
+            &|l| {
+                vec![
+                    l.gpu_hours_allocated.to_string(),
+                    l.gpu_hours_active.to_string(),
+                    l.gpu_hours_stranded.to_string(),
+                    l.gpu_hours_allocated_idle.to_string(),
+                    l.gpu_hours_unknown.to_string(),
+                    l.utilisation.map_or("–".to_owned(), |u| format!("{:.1}%", u * 100.0)),
+                ]
+            },
         );
-        for (l, class) in
-            self.teams.iter().map(|l| (l, "")).chain([(&self.unallocated, ""), (&self.fleet, " class=\"total\"")])
-        {
-            h.push_str(&format!(
-                "<tr{class}><td>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td>\
-                 <td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td>\
-                 <td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td></tr>\n",
-                e(&l.team),
-                l.gpu_hours_allocated,
-                l.gpu_hours_active,
-                l.gpu_hours_stranded,
-                l.gpu_hours_allocated_idle,
-                l.gpu_hours_unknown,
-                l.utilisation.map_or("–".to_owned(), |u| format!("{:.1}%", u * 100.0)),
-                l.cost_usd,
-                l.idle_cost_usd,
-                l.allocated_idle_cost_usd,
-                l.stranded_cost_usd,
-                l.unallocated_idle_cost_usd,
-                l.unallocated_share_usd,
-                l.total_usd,
-                l.change_idle_cost_usd.map_or("–".to_owned(), |c| c.to_string()),
-            ));
-        }
+        table(
+            &mut h,
+            "Teams: cost ($)",
+            &["cost", "idle", "unallocated share", "total", "Δ idle vs previous week"],
+            &|l| {
+                vec![
+                    l.cost_usd.to_string(),
+                    l.idle_cost_usd.to_string(),
+                    l.unallocated_share_usd.to_string(),
+                    l.total_usd.to_string(),
+                    dash(l.change_idle_cost_usd),
+                ]
+            },
+        );
+        table(&mut h, "Teams: idle cost by kind ($)", &["allocated idle", "stranded", "unallocated idle"], &|l| {
+            vec![
+                l.allocated_idle_cost_usd.to_string(),
+                l.stranded_cost_usd.to_string(),
+                l.unallocated_idle_cost_usd.to_string(),
+            ]
+        });
         h.push_str(
-            "</table>\n<h2>Top stranded allocations</h2>\n<table><tr><th>#</th><th>owner</th><th>team</th>\
+            "<h2>Top stranded allocations</h2>\n<table><tr><th>#</th><th>owner</th><th>team</th>\
             <th>GPUs</th><th>hours</th><th>cost $</th></tr>\n",
         );
         for (i, s) in self.top_stranded.iter().enumerate() {
@@ -690,10 +847,11 @@ impl WeeklyReport {
                 s.cost_usd
             ));
         }
-        h.push_str(
-            "</table>\n<h2>Prices ($ per GPU-hour)</h2>\n<table><tr><th>model</th><th>cluster</th><th>kind</th>\
+        h.push_str(&format!(
+            "</table>\n<h2>Prices ($ per GPU-hour{})</h2>\n<table><tr><th>model</th><th>cluster</th><th>kind</th>\
             <th>from</th><th>$/GPU-h</th><th>derivation / source</th></tr>\n",
-        );
+            if self.example_prices { ", EXAMPLE figures" } else { "" }
+        ));
         for r in &self.prices {
             h.push_str(&format!(
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=n>{}</td><td>{}</td></tr>\n",
@@ -708,7 +866,6 @@ impl WeeklyReport {
         h.push_str("</table>\n</body></html>\n");
         h
     }
-
     /// Horizontal stacked bars: allocated idle, stranded, unallocated idle per line.
     fn svg_chart(&self) -> String {
         const COLOURS: [(&str, &str); 3] =
@@ -717,10 +874,10 @@ impl WeeklyReport {
         let max = lines.iter().map(|l| l.idle_cost_usd.0).max().unwrap_or(0).max(1);
         let (label_w, bar_w, row_h) = (160i64, 480i64, 22i64);
         let height = row_h * lines.len() as i64 + 10;
+        let width = label_w + bar_w + 100;
         let mut s = format!(
-            "<p class=\"legend\">Idle cost by kind:{}</p>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" role=\"img\" aria-label=\"idle cost by team\">\n",
+            "<p class=\"legend\">Idle cost by kind:{}</p>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" style=\"max-width:100%;height:auto\" role=\"img\" aria-label=\"idle cost by team\">\n",
             COLOURS.iter().map(|(n, c)| format!("<span style=\"background:{c}\"></span>{n}")).collect::<String>(),
-            label_w + bar_w + 100
         );
         for (i, l) in lines.iter().enumerate() {
             let y = i as i64 * row_h + 5;
@@ -747,6 +904,63 @@ impl WeeklyReport {
         }
         s.push_str("</svg>\n");
         s
+    }
+}
+
+/// One table of the report (a CSV file, an XLSX sheet): a header and typed rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    /// `summary`, `teams`, `top_stranded`, `prices`.
+    pub name: &'static str,
+    pub header: Vec<&'static str>,
+    pub rows: Vec<Vec<Cell>>,
+}
+
+/// A typed cell. CSV writes [`Cell::to_text`]; the XLSX writes numbers as numbers with
+/// their format (currency, percent, hours) and text as text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cell {
+    /// Always a string, even where it looks like a number (a Slurm job id).
+    Text(String),
+    /// `true` / `false`.
+    Flag(bool),
+    Int(i64),
+    Hours(GpuHours),
+    /// Dollars to the cent (`None`: empty).
+    Money(Option<Cents>),
+    /// Dollars to the micro-dollar (a price per GPU-hour).
+    Price(Micros),
+    /// A ratio, written with four decimals (`None`: empty).
+    Ratio(Option<f64>),
+}
+
+impl Cell {
+    /// The CSV text.
+    pub fn to_text(&self) -> String {
+        match self {
+            Cell::Text(s) => s.clone(),
+            Cell::Flag(b) => b.to_string(),
+            Cell::Int(i) => i.to_string(),
+            Cell::Hours(h) => h.to_string(),
+            Cell::Money(m) => m.map_or_else(String::new, |m| m.to_string()),
+            Cell::Price(p) => p.to_string(),
+            Cell::Ratio(r) => r.map_or_else(String::new, |r| format!("{r:.4}")),
+        }
+    }
+
+    /// The number a spreadsheet holds for it: exactly the value of its CSV text
+    /// (cents / 100, hundredths / 100, micro-dollars / 10⁶, the ratio rounded to four
+    /// decimals as printed), `None` for text and empty cells.
+    pub fn number(&self) -> Option<f64> {
+        match self {
+            Cell::Text(_) | Cell::Flag(_) | Cell::Money(None) | Cell::Ratio(None) => None,
+            Cell::Int(i) => Some(*i as f64),
+            Cell::Hours(h) => Some(h.0 as f64 / 100.0),
+            Cell::Money(Some(c)) => Some(c.0 as f64 / 100.0),
+            Cell::Price(p) => Some(p.0 as f64 / 1_000_000.0),
+            // The printed four decimals, as a number (what the CSV holds).
+            Cell::Ratio(Some(_)) => self.to_text().parse().ok(),
+        }
     }
 }
 

@@ -734,7 +734,13 @@
     const unpriced = num(fleet.unpriced_gpu_hours);
     if (unpriced > 0) foot.push(intFmt.format(unpriced) + " GPU-hours unpriced (no price for the model)");
     $("idle-foot").textContent = foot.join(" · ");
-    showNote("idle-note", "");
+    if (rep.example_prices) {
+      showNote("idle-note", "Example prices: these dollars come from the example price book (deploy/pricebook.example.toml), not your rates. Set [cost] price_book to your own.", "info");
+    } else if (String(rep.price_book_version || "").startsWith("none")) {
+      showNote("idle-note", "Unpriced: no price book is configured ([cost] price_book), so every money column is empty; GPU-hours are still classified.", "info");
+    } else {
+      showNote("idle-note", "");
+    }
   }
 
   // ───────────────────────────── alerts ─────────────────────────────

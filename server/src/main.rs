@@ -292,7 +292,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             rt.block_on(async move {
                 // A deep accept queue: a burst of connections must not crowd out probes.
                 let listener = apron_http::serve::bind(config.listen)
-                    .with_context(|| format!("cannot listen on {}", config.listen))?;
+                    .with_context(|| {
+                        format!("cannot listen on {} (--http ADDR or [server] listen; port 0 picks a free one)", config.listen)
+                    })?;
                 let addr = listener.local_addr()?;
                 let (store, ingest, query, rollup, cost) =
                     (config.store, config.ingest, config.query, config.rollup, config.cost);
@@ -655,9 +657,33 @@ fn recommend_command(
     }
     if let Some(t) = v["monthly_savings_usd"].as_object() {
         for (kind, usd) in t {
-            out.push_str(&format!("\ntotal {kind}: ${:.2}/month", usd.as_f64().unwrap_or(0.0)));
+            out.push_str(&format!(
+                "\ntotal {kind}: ${:.2}/month (holders that still hold their GPUs)",
+                usd.as_f64().unwrap_or(0.0)
+            ));
         }
         out.push('\n');
+    }
+    // Items whose holder has released its GPUs: history, in no total.
+    let ended = v["ended"].as_array().cloned().unwrap_or_default();
+    if !ended.is_empty() {
+        out.push_str(&format!(
+            "\nended: {} item(s) whose holder no longer holds the GPU(s), not in the total\n{:<16} {:<14} {:<28} {}\n",
+            ended.len(),
+            "kind",
+            "team",
+            "holder ended at",
+            "summary"
+        ));
+        for r in &ended {
+            out.push_str(&format!(
+                "{:<16} {:<14} {:<28} {}\n",
+                r["kind"].as_str().unwrap_or(""),
+                r["team"].as_str().unwrap_or(""),
+                r["holder_ended_at"].as_str().unwrap_or("?"),
+                r["summary"].as_str().unwrap_or("")
+            ));
+        }
     }
     std::io::stdout().write_all(out.as_bytes())?;
     Ok(())
@@ -763,6 +789,23 @@ async fn report_command(o: ReportOptions) -> anyhow::Result<()> {
             }
         }
         (_, false, _) => eprintln!("apron report: {week} is open: built from the data as it is now"),
+    }
+    // What the report is: its coverage and what that is a share of, and whether its
+    // dollars are example prices (from the JSON the files show: a frozen week's own).
+    if let Some(j) = produced.json.as_deref().and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok()) {
+        if j["example_prices"].as_bool() == Some(true) {
+            eprintln!("apron report: {week}: {}", apron_cost::report::EXAMPLE_PRICES_NOTE);
+        }
+        let hours = |k: &str| j[k].as_f64().map_or_else(|| "?".to_owned(), |h| format!("{h:.2}"));
+        if let Some(basis) = j["coverage_basis"].as_str() {
+            let line = apron_cost::report::coverage_sentence(
+                j["coverage"].as_f64(),
+                &hours("known_gpu_hours"),
+                &hours("total_gpu_hours"),
+                basis,
+            );
+            eprintln!("apron report: {week}: {line}");
+        }
     }
     let files = produced.files;
     std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;

@@ -37,7 +37,10 @@
 //!    extended protocol: Parse ─► the same size limit, then QueryEngine::describe_as
 //!             (parsed, checked and planned as a query would be, under the user's scope)
 //!             → parameter types and result columns for Describe; Bind stores the values;
-//!             Execute ─► QueryEngine::execute_request_as(text + bound values): the same
+//!             Execute ─► `params`: each value read as the client sent it and bound in
+//!             the type its place wants where it is exactly that (else in its own, for
+//!             DataFusion to coerce the comparison; 22xxx where it cannot be compared)
+//!             ─► QueryEngine::execute_request_as(text + bound values): the same
 //!             path, checks, timeout and limits as a simple query; a row limit on
 //!             Execute sends that many and suspends the portal for the next.
 //!             What a connection keeps is bounded (`session`): [pg] max_statements
@@ -56,6 +59,7 @@
 //!             timeout, 53200 memory, 54000 too many rows, 53300 busy, …)
 //! ```
 
+mod params;
 mod session;
 mod slots;
 
@@ -932,9 +936,10 @@ impl ExtendedQueryHandler for Queries {
             }
             Prepared::Query(q) => q.clone(),
         };
-        // The values as the client typed them (Parse), else as the plan infers them.
+        // The values as the client typed them (Parse), else as Describe told it, each
+        // bound in the type its place wants where it is exactly that (`params`).
         let inferred: Vec<Option<&DataType>> = q.described.params.iter().map(Option::as_ref).collect();
-        let params = arrow_pg::datatypes::df::deserialize_parameters(portal, &inferred)?;
+        let params = params::deserialize(portal, &inferred)?;
         let scope = self.shared.scope_of(client)?;
         let request = Request { sql: q.sql.clone(), pg_client: true, params: Some(params) };
         let result = self.shared.engine.execute_request_as(request, &scope).await.map_err(|e| pg_error(&e))?;

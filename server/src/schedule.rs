@@ -327,10 +327,34 @@ pub fn summary_text(report: &serde_json::Value) -> String {
         dollars(&fleet["idle_cost_usd"]),
         dollars(&fleet["stranded_cost_usd"]),
     );
-    if let Some(c) = report["coverage"].as_f64() {
-        text += &format!(", data coverage {:.1}%", c * 100.0);
+    let example = report["example_prices"].as_bool() == Some(true);
+    text += &format!(
+        "; price book {}{}\n",
+        report["price_book_version"].as_str().unwrap_or("?"),
+        if example { " (EXAMPLE prices)" } else { "" }
+    );
+    if example {
+        text += apron_cost::report::EXAMPLE_PRICES_NOTE;
+        text.push('\n');
     }
-    text += &format!("; price book {}\n", report["price_book_version"].as_str().unwrap_or("?"));
+    let hours = |k: &str| report[k].as_f64().map_or_else(|| "?".to_owned(), |h| format!("{h:.2}"));
+    match report["coverage_basis"].as_str() {
+        Some(basis) => {
+            text += &apron_cost::report::coverage_sentence(
+                report["coverage"].as_f64(),
+                &hours("known_gpu_hours"),
+                &hours("total_gpu_hours"),
+                basis,
+            );
+            text.push('\n');
+        }
+        // A week frozen before the basis was recorded.
+        None => {
+            if let Some(c) = report["coverage"].as_f64() {
+                text += &format!("Data coverage {:.1} %\n", c * 100.0);
+            }
+        }
+    }
     for t in report["teams"].as_array().into_iter().flatten() {
         text += &format!(
             "• {}: {} total, {} idle ({} stranded), {} GPU-h allocated\n",
@@ -560,9 +584,10 @@ impl Schedule {
         let Some(e) = &self.config.email else { return Err(ScheduleError::NotConfigured("[report.email]")) };
         let fleet = &summary["fleet"];
         let subject = format!(
-            "Apron GPU cost report {week}: {} total, {} idle",
+            "Apron GPU cost report {week}: {} total, {} idle{}",
             dollars(&fleet["cost_usd"]),
-            dollars(&fleet["idle_cost_usd"])
+            dollars(&fleet["idle_cost_usd"]),
+            if summary["example_prices"].as_bool() == Some(true) { " (EXAMPLE prices)" } else { "" }
         );
         let mut builder = lettre::Message::builder()
             .from(e.from.parse().map_err(|err| ScheduleError::Email(format!("from {:?}: {err}", e.from)))?)
@@ -744,5 +769,27 @@ mod tests {
         assert!(t.contains("• ml: $5.70 total, $3.90 idle ($2.70 stranded), 1.58 GPU-h allocated"), "{t}");
         let b = Schedule::webhook_body(&j);
         assert!(b.get("prices").is_none() && b["text"].as_str().is_some_and(|s| s.contains("2026-W47")));
+    }
+
+    /// Issue 42: the mail's text (and the webhook's) says what the coverage is a share
+    /// of, and that example prices are examples.
+    #[test]
+    fn summary_text_says_what_the_report_is() {
+        let basis = apron_cost::report::coverage_basis(1, 24);
+        let mut j = serde_json::json!({"week": "2026-W47", "price_book_version": "example-2026-12",
+            "example_prices": true, "coverage": 0.0763888888888889, "known_gpu_hours": 1.83,
+            "total_gpu_hours": 24.0, "coverage_basis": basis,
+            "fleet": {"cost_usd": 6.6, "idle_cost_usd": 4.5, "stranded_cost_usd": 2.7},
+            "teams": [], "unallocated": {"unallocated_idle_cost_usd": 0.6}, "prices": []});
+        let t = summary_text(&j);
+        assert!(t.contains("price book example-2026-12 (EXAMPLE prices)"), "{t}");
+        assert!(t.contains(apron_cost::report::EXAMPLE_PRICES_NOTE), "{t}");
+        assert!(
+            t.contains(&format!("Data coverage 7.6 %: 1.83 GPU-hours with samples of 24.00 GPU-hours, {basis}.")),
+            "{t}"
+        );
+        j["example_prices"] = false.into();
+        let t = summary_text(&j);
+        assert!(!t.contains("EXAMPLE"), "{t}");
     }
 }

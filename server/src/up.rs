@@ -195,7 +195,10 @@ impl Up {
         let mut cost = file.cost;
         if cost.price_book.is_none() {
             let book = data_dir.join(EXAMPLE_PRICE_BOOK);
-            if !book.exists() {
+            // Up's own copy: written when missing, and replaced when it is an older
+            // example without the `example = true` marker the reports show.
+            let unmarked = std::fs::read_to_string(&book).is_ok_and(|t| !t.contains("\nexample = true"));
+            if !book.exists() || unmarked {
                 std::fs::write(&book, EXAMPLE_PRICES)
                     .map_err(|source| ServerError::Io { what: format!("cannot write {}", book.display()), source })?;
             }

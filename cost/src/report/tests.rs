@@ -56,6 +56,7 @@ fn input<'a>(rows: &'a [HourlyRow], stranded: &'a [StrandedFact], share: ShareUn
         generated_at_us: t("2026-11-30T06:00:00Z"),
         share_unallocated: share,
         previous: None,
+        example_prices: false,
     }
 }
 
@@ -268,4 +269,115 @@ fn html_escapes_team_names() {
     let rows = vec![row("2026-11-24T10:00:00Z", "<b>&x", [3600, 0, 0, 0, 0, 0], Some([1, 0, 0]))];
     let html = WeeklyReport::build(&input(&rows, &[], ShareUnallocated::None)).expect("r").to_html();
     assert!(html.contains("&lt;b&gt;&amp;x") && !html.contains("<b>&x"));
+}
+
+/// Issue 42, finding 7: the coverage line says what its denominator is — the GPU-hours
+/// of the week's rows: the GPUs seen, the hours they span — in JSON, CSV and HTML alike.
+#[test]
+fn coverage_names_its_denominator_everywhere() {
+    let mut rows = rows();
+    // A second GPU with one unknown hour: 2 GPUs, 4 distinct hours of week 48.
+    rows.push(HourlyRow { gpu_uuid: "GPU-2".into(), ..row("2026-11-25T03:00:00Z", "ml", [0, 0, 0, 0, 0, 3600], None) });
+    let r = WeeklyReport::build(&input(&rows, &[], ShareUnallocated::None)).expect("report");
+    // Known: 900 + 2700 + 2400 + 1200 + 3600 s = 10800 s = 3.00 h; all: + 2 × 3600 unknown.
+    assert_eq!((r.known_gpu_hours, r.total_gpu_hours), (GpuHours(300), GpuHours(500)));
+    assert_eq!((r.coverage_gpus, r.coverage_hours), (2, 4));
+    let basis = "the GPU-hours the ledger has rows for: 2 GPUs, each for every hour of the UTC days it sent \
+                 samples in (up to the last hour priced), in 4 of the week's 168 hours; GPUs and days with no \
+                 samples at all are not counted";
+    assert_eq!(r.coverage_basis, basis);
+    let line = r.coverage_line();
+    assert_eq!(line, format!("Data coverage 60.0 %: 3.00 GPU-hours with samples of 5.00 GPU-hours, {basis}."));
+
+    let json: serde_json::Value = serde_json::from_str(&r.to_json().expect("json")).expect("parse");
+    assert_eq!(json["coverage_basis"], basis);
+    assert_eq!((json["coverage_gpus"].as_u64(), json["coverage_hours"].as_u64()), (Some(2), Some(4)));
+    let summary = &r.to_csv().expect("csv")[0].1;
+    let mut rdr = csv::Reader::from_reader(summary.as_bytes());
+    let kv: BTreeMap<String, String> =
+        rdr.records().map(|r| r.expect("record")).map(|r| (r[0].to_owned(), r[1].to_owned())).collect();
+    assert_eq!(kv["coverage_basis"], basis);
+    assert_eq!(
+        (kv["coverage"].as_str(), kv["known_gpu_hours"].as_str(), kv["total_gpu_hours"].as_str()),
+        ("0.6000", "3.00", "5.00")
+    );
+    assert!(r.to_html().contains(&html_escape(&line)), "the HTML shows the same line");
+    // The single-GPU wording.
+    assert!(
+        coverage_basis(1, 24).contains(": 1 GPU, each")
+            && coverage_basis(1, 24).contains("in 24 of the week's 168 hours")
+    );
+}
+
+/// Issue 42, deliverable 5: dollars priced by the example book say so in every rendering.
+#[test]
+fn example_prices_are_flagged_wherever_dollars_show() {
+    let rows = rows();
+    let plain = WeeklyReport::build(&input(&rows, &[], ShareUnallocated::None)).expect("report");
+    let example =
+        WeeklyReport::build(&ReportInput { example_prices: true, ..input(&rows, &[], ShareUnallocated::None) })
+            .expect("report");
+    for (r, flagged) in [(&plain, false), (&example, true)] {
+        let json: serde_json::Value = serde_json::from_str(&r.to_json().expect("json")).expect("parse");
+        assert_eq!(json["example_prices"], flagged);
+        let csv = r.to_csv().expect("csv");
+        assert_eq!(csv[0].1.contains("example_prices,true"), flagged, "{}", csv[0].1);
+        assert_eq!(csv[0].1.contains("EXAMPLE PRICES"), flagged, "{}", csv[0].1);
+        for (name, text) in &csv[1..] {
+            let mut rdr = csv::Reader::from_reader(text.as_bytes());
+            assert_eq!(rdr.headers().expect("header").iter().next_back(), Some("example_prices"), "{name}");
+            for rec in rdr.records() {
+                assert_eq!(
+                    rec.expect("record").iter().next_back(),
+                    Some(if flagged { "true" } else { "false" }),
+                    "{name}"
+                );
+            }
+        }
+        let html = r.to_html();
+        assert_eq!(html.contains(&html_escape(EXAMPLE_PRICES_NOTE)), flagged);
+    }
+}
+
+/// The CSV files and the XLSX sheets come from the same typed tables: every number a
+/// sheet holds equals its CSV text's value, and text stays text (an owner that looks
+/// like a number — a Slurm job id — is still text).
+#[test]
+fn typed_tables_match_the_csv() {
+    let rows = rows();
+    let facts = [
+        StrandedFact {
+            owner: "13860256".into(),
+            team: "ml".into(),
+            gpus: 2,
+            duration_us: 3600 * S,
+            cost: Micros(5_000_000),
+        },
+        StrandedFact {
+            owner: "ml/jupyter-erik".into(),
+            team: "ml".into(),
+            gpus: 1,
+            duration_us: 1800 * S,
+            cost: Micros(1_000_000),
+        },
+    ];
+    let r = WeeklyReport::build(&input(&rows, &facts, ShareUnallocated::Weighted)).expect("report");
+    let csv = r.to_csv().expect("csv");
+    for (table, (_, text)) in r.tables().iter().zip(&csv) {
+        let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_reader(text.as_bytes());
+        let recs: Vec<csv::StringRecord> = rdr.records().map(|r| r.expect("record")).collect();
+        assert_eq!(recs.len(), table.rows.len() + 1, "{}", table.name);
+        assert!(recs[0].iter().eq(table.header.iter().copied()), "{}", table.name);
+        for (cells, rec) in table.rows.iter().zip(&recs[1..]) {
+            for (cell, field) in cells.iter().zip(rec.iter()) {
+                assert_eq!(cell.to_text(), field);
+                match cell.number() {
+                    Some(n) => assert_eq!(Some(n), field.parse::<f64>().ok(), "{}: {field}", table.name),
+                    None => assert!(matches!(cell, Cell::Text(_) | Cell::Flag(_)) || field.is_empty(), "{cell:?}"),
+                }
+            }
+        }
+    }
+    let stranded = &r.tables()[2];
+    assert_eq!(stranded.rows[0][1], Cell::Text("13860256".into()), "a Slurm job id is text");
 }

@@ -277,14 +277,27 @@ impl Ledger {
     /// Loads the price book (a bad one is an error: costs would be wrong).
     pub fn new(store: Arc<Store>, engine: Arc<QueryEngine>, config: CostConfig) -> Result<Ledger, LedgerError> {
         let book = match &config.price_book {
-            None => None,
+            None => {
+                if config.enabled {
+                    tracing::warn!(
+                        "no price book ([cost] price_book): the ledger classifies GPU-seconds but every money \
+                         column is NULL (unpriced); deploy/pricebook.example.toml shows the format"
+                    );
+                }
+                None
+            }
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|e| LedgerError::PriceBook { path: p.clone(), detail: e.to_string() })?;
-                Some(
-                    PriceBook::from_toml(&text)
-                        .map_err(|e| LedgerError::PriceBook { path: p.clone(), detail: e.to_string() })?,
-                )
+                let book = PriceBook::from_toml(&text)
+                    .map_err(|e| LedgerError::PriceBook { path: p.clone(), detail: e.to_string() })?;
+                if book.is_example() {
+                    tracing::warn!(
+                        path = %p.display(),
+                        "the price book is the example one (example = true): dollars are examples, not your rates"
+                    );
+                }
+                Some(book)
             }
         };
         config.classify.validate().map_err(|e| LedgerError::Config { section: "classify", detail: e.to_string() })?;

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 const RANGE_S: (i64, i64) = (T0 / 1_000_000, (T0 + 60 * MIN) / 1_000_000);
 
 /// The PostgreSQL JDBC driver as Debian installs it (libpostgresql-jdbc-java).
-const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
+pub(super) const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
 
 /// Runs a client program (`what`) as `user`, asking about `gpu` over [`RANGE_S`]; its
 /// stdout is one JSON object.
