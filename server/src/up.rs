@@ -94,7 +94,14 @@ pub struct Endpoints {
     pub agent_metrics: Option<String>,
     /// `postgresql://apron@127.0.0.1:5433/apron`
     pub postgres: String,
+    /// This run's ingest token, in a file only its owner reads (`<data>/ingest-token`):
+    /// what Prometheus' `remote_write` (`authorization: credentials_file`) or another
+    /// agent sends. A new one every start.
+    pub ingest_token_file: String,
 }
+
+/// The file `apron up` writes this run's ingest token to, in its data directory.
+pub const INGEST_TOKEN_FILE: &str = "ingest-token";
 
 /// Which GPU source the agent runs, and why.
 #[derive(Debug, Clone)]
@@ -159,6 +166,7 @@ impl Up {
         // The store creates its WAL directory on first open: none yet is a new store.
         let first_start = !data_dir.join("wal").exists();
         let token = random_token()?;
+        let token_file = write_token(&data_dir, &token)?;
         let configured = options.config.is_some();
         let file = options.config.take().unwrap_or_default();
         let mut store_config = StoreConfig { data_dir: data_dir.clone(), ..file.storage };
@@ -232,6 +240,7 @@ impl Up {
                 .and_then(|a| a.listener.local_addr().ok())
                 .map(|a| format!("http://{a}/metrics")),
             postgres: format!("postgresql://{}@{pg_addr}/apron", crate::pg::UP_USER),
+            ingest_token_file: token_file.display().to_string(),
             http,
         };
         Ok(Up { server, listener, agent, choice, endpoints, data_dir, first_start, backfill: options.backfill })
@@ -512,6 +521,19 @@ fn random_token() -> Result<String, ServerError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Writes this run's ingest token to `<data>/ingest-token`, readable by its owner only.
+fn write_token(data_dir: &Path, token: &str) -> Result<PathBuf, ServerError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(INGEST_TOKEN_FILE);
+    let io = |source| ServerError::Io { what: format!("cannot write {}", path.display()), source };
+    std::fs::create_dir_all(data_dir).map_err(io)?;
+    let mut f =
+        std::fs::OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&path).map_err(io)?;
+    f.write_all(format!("{token}\n").as_bytes()).map_err(io)?;
+    Ok(path)
+}
+
 /// Writes `<data>/endpoints.json` so that a reader sees the old file or the new one,
 /// never a part: temp file, fsync, rename, fsync the directory.
 fn write_endpoints(data_dir: &Path, endpoints: &Endpoints) -> Result<(), ServerError> {
@@ -545,6 +567,7 @@ mod tests {
             ingest: "http://127.0.0.1:1/api/v1/ingest".into(),
             agent_metrics: Some("http://127.0.0.1:2/metrics".into()),
             postgres: "postgresql://apron@127.0.0.1:3/apron".into(),
+            ingest_token_file: "/tmp/ingest-token".into(),
         };
         write_endpoints(dir.path(), &e).expect("write");
         write_endpoints(dir.path(), &e).expect("replace");

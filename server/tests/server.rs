@@ -1079,6 +1079,19 @@ fn apron_up_serves_and_ingests_from_its_agent() {
     assert_eq!(url("ingest").1, "/api/v1/ingest");
     let (aaddr, apath) = url("agent_metrics");
     assert_eq!(get(aaddr, &apath).status, 200);
+    // This run's ingest token, for Prometheus' remote write: a file only its owner reads;
+    // with it a write gets past authentication (an empty body is then a bad request).
+    let token_file = PathBuf::from(endpoints["ingest_token_file"].as_str().expect("ingest_token_file"));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token_file).expect("token file").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the token file is the owner's only: {mode:o}");
+    }
+    let token = std::fs::read_to_string(&token_file).expect("token");
+    let auth = format!("Bearer {}", token.trim());
+    assert_eq!(request(http, "POST", "/api/v1/write", &[], b"").status, 401);
+    let r = request(http, "POST", "/api/v1/write", &[("authorization", &auth)], b"");
+    assert!(r.status != 401 && r.status != 403, "the token is refused: {r:?}");
 
     let rows = |min: f64| {
         poll("rows ingested from the in-process agent", Duration::from_secs(30), || {
