@@ -423,8 +423,19 @@ fn two_shards_and_a_query_server_answer_as_one_server() {
     // partial answer.
     drop(s3);
     let auth = format!("Bearer {VIEWER}");
-    let r = poll("the query server to notice the bucket is gone", Duration::from_secs(60), || {
-        let r = request(query.addr, "POST", "/api/v1/sql", &[("authorization", &auth)], SAME[0].as_bytes());
+    // The lake's reads retry with backoff before they give up: on a loaded machine an
+    // answer can take longer than a plain request waits, so wait for it longer.
+    let r = poll("the query server to notice the bucket is gone", Duration::from_secs(180), || {
+        let headers = [("authorization", auth.as_str())];
+        let r = super::try_request_within(
+            query.addr,
+            "POST",
+            "/api/v1/sql",
+            &headers,
+            SAME[0].as_bytes(),
+            Duration::from_secs(90),
+        )
+        .ok()?;
         (r.status != 200).then_some(r)
     });
     assert_eq!((r.status, r.json()["code"].as_str()), (500, Some("source_error")), "{r:?}");
