@@ -21,11 +21,11 @@ pub struct QueryConfig {
     pub memory_limit_bytes: u64,
     /// Queries running at once; further queries wait in line up to `queue_timeout`.
     pub max_concurrent: usize,
-    /// Of those, how many one principal (a team, or all unscoped clients together) may
-    /// hold at once, so no principal takes every slot; further queries of it wait in
-    /// line up to `queue_timeout` like the rest. 0 (the default): all but one of
-    /// `max_concurrent` (at least 1) — a principal alone keeps most of the capacity (a
-    /// Grafana dashboard's panels run side by side) but never the last slot.
+    /// Of those, how many one principal (all unscoped clients together, and the most a
+    /// team may have) may hold at once, so no principal takes every slot; further
+    /// queries of it wait in line up to `queue_timeout` like the rest. 0 (the default):
+    /// all but one of `max_concurrent` (at least 1) — the viewers' Grafana panels run
+    /// side by side — but never the last slot.
     pub max_concurrent_per_principal: usize,
     /// How many one team may hold at once (also at most `max_concurrent_per_principal`).
     /// 0 (the default): a quarter of `max_concurrent`, at least 1 — with the default 4
@@ -63,10 +63,12 @@ pub struct QueryConfig {
     pub max_expr_depth: usize,
     /// How many expressions, tables and set operations one statement may have.
     pub max_expr_nodes: usize,
-    /// The most bytes one string function (`repeat`, `lpad`, `rpad`, `replace`,
-    /// `regexp_replace`, `overlay`, `concat`, `concat_ws`, `||`) may produce for one
-    /// batch of rows; checked from the arguments before anything is allocated, since
-    /// these allocations are not counted by the memory pool.
+    /// The most bytes one function that builds a variable-size value (every string,
+    /// binary, list, map and struct function, `||`; [`crate::funcs`]) may produce for one
+    /// batch of rows, and one `string_agg`/`array_agg` value may hold; bounded from the
+    /// arguments before anything is allocated where they can amplify it, and measured
+    /// after, since these allocations are not counted by the memory pool. A query's
+    /// single values (constant folding's literals) are held to twice this together.
     pub max_string_result_bytes: u64,
     /// `[query.ballista]`: run the heavy scans of a query server (`[cluster] role =
     /// "query"`) on an Apache DataFusion Ballista cluster ([`crate::distributed`]).
