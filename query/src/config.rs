@@ -68,7 +68,8 @@ pub struct QueryConfig {
     /// batch of rows, and one `string_agg`/`array_agg` value may hold; bounded from the
     /// arguments before anything is allocated where they can amplify it, and measured
     /// after, since these allocations are not counted by the memory pool. A query's
-    /// single values (constant folding's literals) are held to twice this together.
+    /// values built from constants alone (constant folding's literals, copied by every
+    /// optimizer pass) are held to 1/64 of this together, at least 1 MiB.
     pub max_string_result_bytes: u64,
     /// `[query.ballista]`: run the heavy scans of a query server (`[cluster] role =
     /// "query"`) on an Apache DataFusion Ballista cluster ([`crate::distributed`]).

@@ -631,7 +631,7 @@ impl Inner {
             .map_err(|e| QueryError::from_datafusion(e, self.config.memory_limit_bytes))?;
         let mut state =
             SessionStateBuilder::new_from_existing(self.scope_base(scope)?).with_runtime_env(runtime).build();
-        let budget = self.config.max_string_result_bytes.saturating_mul(2);
+        let budget = crate::funcs::constant_budget(self.config.max_string_result_bytes);
         crate::funcs::Budget::install(state.config_mut().options_mut(), budget);
         // `now()` is the query's start, not the engine's (the base state was built once).
         let options = state.config_options().clone();

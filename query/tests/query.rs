@@ -929,6 +929,20 @@ async fn variable_size_functions_child() {
         }
     }
     println!("cases: {} refused: {refused}", cases.len());
+    // At the default limits, the constant-built values: a 60 MB literal in a
+    // plan cost 2 GB and 14 s of planning, a chain of six `encode`s over it aborted.
+    let (_dir, store) = fixture();
+    let e = engine(store, QueryConfig::default());
+    let mut chain = "repeat('x', 60000000)".to_owned();
+    for _ in 0..6 {
+        chain = format!("encode({chain}, 'hex')");
+    }
+    for sql in [format!("SELECT length({chain})"), "SELECT length(repeat('x', 60000000))".to_owned()] {
+        let started = Instant::now();
+        let err = e.execute(&sql).await.expect_err("a 60 MB constant is refused");
+        assert_eq!(err.code(), "string_result_too_large", "{err:?}");
+        println!("{:>9.2?} refused {}", started.elapsed(), &sql[..sql.len().min(60)]);
+    }
 }
 
 /// Every registered function that builds a variable-size value, called with arguments
