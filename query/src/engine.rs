@@ -493,7 +493,7 @@ impl QueryEngine {
                 Ok(r)
             }
             Err(e) if scope.is_scoped() && e.describes_data() => {
-                let id = error_id();
+                let id = crate::error::error_id();
                 tracing::warn!(error_id = %id, error = %e, detail = %e.detail(), "a scoped query failed");
                 Err(e.opaque(&id))
             }
@@ -529,13 +529,6 @@ pub struct Described {
     pub schema: SchemaRef,
     /// The type of each of `$1 … $n` where the plan tells it.
     pub params: Vec<Option<DataType>>,
-}
-
-/// A short id that ties an opaque error to its log line (not a secret, just unique).
-fn error_id() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    format!("{:012x}", (nanos ^ (N.fetch_add(1, Ordering::Relaxed) as u64).rotate_left(40)) & 0xffff_ffff_ffff)
 }
 
 /// Who runs a query: a client (on its principal's share of the clients' slots) or the

@@ -648,6 +648,12 @@ pub(crate) struct CappedAggregate {
     max_bytes: usize,
 }
 
+impl CappedAggregate {
+    fn capped(&self, inner: Box<dyn Accumulator>) -> Box<dyn Accumulator> {
+        Box::new(CappedAccumulator { name: self.inner.name().to_owned(), inner, max_bytes: self.max_bytes })
+    }
+}
+
 impl AggregateUDFImpl for CappedAggregate {
     fn name(&self) -> &str {
         self.inner.name()
@@ -683,7 +689,7 @@ impl AggregateUDFImpl for CappedAggregate {
 
     fn accumulator(&self, acc_args: AccumulatorArgs) -> DfResult<Box<dyn Accumulator>> {
         let inner = self.inner.accumulator(acc_args)?;
-        Ok(Box::new(CappedAccumulator { name: self.inner.name().to_owned(), inner, max_bytes: self.max_bytes }))
+        Ok(self.capped(inner))
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> DfResult<Vec<FieldRef>> {
@@ -698,7 +704,7 @@ impl AggregateUDFImpl for CappedAggregate {
 
     fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> DfResult<Box<dyn Accumulator>> {
         let inner = self.inner.create_sliding_accumulator(args)?;
-        Ok(Box::new(CappedAccumulator { name: self.inner.name().to_owned(), inner, max_bytes: self.max_bytes }))
+        Ok(self.capped(inner))
     }
 
     fn with_beneficial_ordering(
